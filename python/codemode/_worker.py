@@ -1,0 +1,123 @@
+"""Worker process: frames in on stdin, engine calls, frames out on stdout.
+
+Started by the supervisor as ``python -I -c "from codemode._worker import main; main()"`` with
+an empty environment, in its own process group. It holds the engines of its resident runs and,
+while idle, builds the next engine so a new cell does not wait for a runtime. It exits at EOF.
+Everything it knows comes from the host; it never imports a tool, touches a file or opens a
+socket after start-up.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+
+from . import protocol
+from ._engine import Engine, EngineInitError, __version__
+from .protocol import Configure, Drop, Fault, Ready, Report, Settle, Start
+
+
+def _limit(kind: int, value: int) -> None:
+    soft, hard = resource.getrlimit(kind)
+    cap = value if hard == resource.RLIM_INFINITY else min(value, hard)
+    resource.setrlimit(kind, (cap, hard if hard != resource.RLIM_INFINITY else cap))
+
+
+def _report(run: int, outcome: tuple) -> Report:  # type: ignore[type-arg]
+    status, value, failure, outputs, calls, clock_reads, in_flight, memory = outcome
+    return Report(run, status, value, failure, outputs, calls, clock_reads, in_flight, memory)
+
+
+class Worker:
+    def __init__(self) -> None:
+        self.config: Configure | None = None
+        self.spare: Engine | None = None
+        self.resident: dict[int, Engine] = {}
+        #: A finished engine, freed while idle so its teardown is not on the reply path.
+        self.retired: Engine | None = None
+
+    def build(self) -> Engine:
+        config = self.config
+        if config is None:
+            raise EngineInitError("no configuration received before the first cell")
+        limits = config.limits
+        engine = Engine(
+            memory_limit_bytes=limits.memory_limit_bytes,
+            max_output_bytes=limits.max_output_bytes,
+            max_pending_calls=limits.max_pending_calls,
+            search_default_limit=limits.search_default_limit,
+            max_search_limit=limits.max_search_limit,
+        )
+        engine.install_catalog(config.catalog_json)
+        return engine
+
+    def handle(self, frame: protocol.HostFrame) -> protocol.WorkerFrame | None:
+        if isinstance(frame, Start):
+            engine, self.spare = self.spare, None
+            try:
+                if engine is None:
+                    engine = self.build()
+            except EngineInitError as e:
+                return Fault(frame.run, str(e))
+            outcome = engine.start(frame.source, frame.language, frame.timeout_ms, frame.seed)
+            if outcome[0] == "pending":
+                self.resident[frame.run] = engine
+            else:
+                self.retired = engine
+            return _report(frame.run, outcome)
+        if isinstance(frame, Settle):
+            engine = self.resident.get(frame.run)
+            if engine is None:
+                return Fault(frame.run, "unknown run")
+            outcome = engine.settle(frame.results, frame.timeout_ms)
+            if outcome[0] != "pending":
+                self.retired = self.resident.pop(frame.run)
+            return _report(frame.run, outcome)
+        if isinstance(frame, Drop):
+            self.resident.pop(frame.run, None)
+            return None
+        if isinstance(frame, Configure):
+            self.config = frame
+            self.spare = None
+            return None
+        raise TypeError(f"unexpected frame {type(frame).__name__}")
+
+    def idle(self) -> None:
+        """Work done between frames: free the last engine, build the next one."""
+        self.retired = None
+        if self.spare is None and self.config is not None:
+            try:
+                self.spare = self.build()
+            except EngineInitError:
+                self.spare = None
+
+
+def main() -> None:
+    memory_cap = int(sys.argv[1]) if len(sys.argv) > 1 else 4 << 30
+    cpu_seconds = int(sys.argv[2]) if len(sys.argv) > 2 else 3600
+    _limit(resource.RLIMIT_AS, memory_cap)
+    _limit(resource.RLIMIT_CPU, cpu_seconds)
+    rfd, wfd = sys.stdin.fileno(), sys.stdout.fileno()
+    # Nothing else may write to the protocol pipe: stray prints go to stderr.
+    sys.stdout = sys.stderr
+    reader = protocol.FrameReader(rfd)
+    decode = protocol.host_decoder.decode
+    write_all = protocol.write_all
+    encode = protocol.encode
+    worker = Worker()
+    write_all(wfd, encode(Ready(os.getpid(), __version__)))
+    while True:
+        body = reader.poll()
+        if body is None:
+            worker.idle()
+            body = reader.read_blocking()
+            if body is None:
+                return
+        reply = worker.handle(decode(body))
+        if reply is not None:
+            write_all(wfd, encode(reply))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""The one configuration table: defaults, bounds, and how values are clamped.
+
+Keys are the spec's camelCase names (``timeoutMs``, ``maxOutputBytes``...). Numbers outside
+their range are clamped to it, as the spec's table says; a wrong type or an unknown key is a
+``ConfigError``. ``searchDefaultLimit`` is clamped to ``maxSearchLimit``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from .errors import ConfigError
+
+__all__ = ["CodeModeConfig", "BOUNDS", "load_config"]
+
+Language = Literal["javascript", "typescript"]
+
+#: field -> (minimum, maximum); the single source of the numeric limits.
+BOUNDS: dict[str, tuple[int, int]] = {
+    "timeout_ms": (100, 60_000),
+    "memory_limit_bytes": (1 << 20, 1 << 30),
+    "max_output_bytes": (1024, 10 << 20),
+    "max_snapshot_bytes": (1024, 256 << 20),
+    "max_pending_tool_calls": (1, 128),
+    "snapshot_ttl_seconds": (1, 86_400),
+    "search_default_limit": (1, 50),
+    "max_search_limit": (1, 50),
+}
+
+
+class CodeModeConfig(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Validated, clamped configuration. Build it with ``load_config``."""
+
+    #: Gates the model-facing surfaces only (the spec: just ``true`` enables); a ``CodeMode``
+    #: built without a config is enabled.
+    enabled: bool = False
+    runtime: Literal["quickjs"] = "quickjs"
+    mode: Literal["only"] = "only"
+    languages: tuple[Language, ...] = ("javascript", "typescript")
+    timeout_ms: int = 10_000
+    memory_limit_bytes: int = 64 << 20
+    max_output_bytes: int = 64 << 10
+    max_snapshot_bytes: int = 10 << 20
+    max_pending_tool_calls: int = 16
+    snapshot_ttl_seconds: int = 900
+    search_default_limit: int = 8
+    max_search_limit: int = 50
+    #: Worker processes kept in the pool (0 = one per CPU).
+    workers: int = 0
+
+
+def _clamp(config: CodeModeConfig) -> CodeModeConfig:
+    changes: dict[str, int] = {}
+    for field, (low, high) in BOUNDS.items():
+        value = getattr(config, field)
+        clamped = min(max(value, low), high)
+        if clamped != value:
+            changes[field] = clamped
+    limit = changes.get("max_search_limit", config.max_search_limit)
+    if changes.get("search_default_limit", config.search_default_limit) > limit:
+        changes["search_default_limit"] = limit
+    if config.workers < 0:
+        raise ConfigError("workers must be >= 0")
+    if not config.languages:
+        raise ConfigError("languages must name at least one of 'javascript', 'typescript'")
+    return msgspec.structs.replace(config, **changes) if changes else config
+
+
+def load_config(value: CodeModeConfig | dict[str, Any] | bool | None = None) -> CodeModeConfig:
+    """Accepts ``None``/``True`` (defaults), a camelCase dict, or a ``CodeModeConfig``."""
+    if value is None or value is True:
+        return CodeModeConfig(enabled=True)
+    if value is False:
+        return CodeModeConfig(enabled=False)
+    if isinstance(value, CodeModeConfig):
+        return _clamp(value)
+    if not isinstance(value, dict):
+        raise ConfigError(f"config must be a dict, a bool or a CodeModeConfig, not {type(value).__name__}")
+    try:
+        config = msgspec.convert(value, CodeModeConfig)
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"invalid code mode config: {e}") from None
+    return _clamp(config)

@@ -1,0 +1,177 @@
+"""The worker protocol: every frame between the supervisor and a worker, defined once.
+
+Frames are msgspec structs in tagged unions, msgpack-encoded behind a 4-byte big-endian length.
+A length above the cap is refused before anything is allocated; a frame that does not decode
+as the expected union is a ``ProtocolError`` and its sender is discarded.
+
+    host -> worker: Configure | Start | Settle | Drop
+    worker -> host: Ready | Report | Fault
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import msgspec
+
+from .errors import ProtocolError
+
+__all__ = [
+    "Configure",
+    "Start",
+    "Settle",
+    "Drop",
+    "Ready",
+    "Report",
+    "Fault",
+    "HostFrame",
+    "WorkerFrame",
+    "FrameReader",
+    "encode",
+    "MAX_FRAME_BYTES",
+]
+
+#: Cap on one frame in either direction (tool results and cell sources included).
+MAX_FRAME_BYTES = 64 << 20
+
+_HEADER = struct.Struct(">I")
+
+
+class EngineLimits(msgspec.Struct, frozen=True, array_like=True):
+    """What a worker needs to build an engine; a change makes it rebuild its spare."""
+
+    memory_limit_bytes: int
+    max_output_bytes: int
+    max_pending_calls: int
+    search_default_limit: int
+    max_search_limit: int
+
+
+class Configure(msgspec.Struct, tag="configure", array_like=True):
+    """Limits and catalog for the engines built from now on (sent only when they change)."""
+
+    limits: EngineLimits
+    catalog_json: str
+
+
+class Start(msgspec.Struct, tag="start", array_like=True):
+    run: int
+    source: str
+    language: str
+    timeout_ms: float
+    seed: int
+
+
+class Settle(msgspec.Struct, tag="settle", array_like=True):
+    """Tool results: ``(call_id, ok, payload)``; payload is JSON text, or a message if not ok."""
+
+    run: int
+    results: list[tuple[int, bool, str]]
+    timeout_ms: float
+
+
+class Drop(msgspec.Struct, tag="drop", array_like=True):
+    """Forget a resident run (cancelled, timed out on the host side)."""
+
+    run: int
+
+
+class Ready(msgspec.Struct, tag="ready", array_like=True):
+    pid: int
+    engine_version: str
+
+
+class Report(msgspec.Struct, tag="report", array_like=True):
+    """One engine outcome. ``failure`` is ``(code, name, message, stack)``."""
+
+    run: int
+    status: str
+    value: str | None
+    failure: tuple[str | None, str, str, str] | None
+    outputs: list[tuple[int, str]]
+    calls: list[tuple[int, str, str]]
+    clock_reads: list[float]
+    in_flight: int
+    memory_bytes: int
+
+
+class Fault(msgspec.Struct, tag="fault", array_like=True):
+    """The worker could not serve a frame (e.g. its runtime could not be built)."""
+
+    run: int
+    message: str
+
+
+HostFrame = Configure | Start | Settle | Drop
+WorkerFrame = Ready | Report | Fault
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+def encode(frame: msgspec.Struct) -> bytes:
+    """The frame with its length prefix, ready for one ``write``."""
+    body = _encoder.encode(frame)
+    return _HEADER.pack(len(body)) + body
+
+
+class FrameReader:
+    """Reads length-prefixed frames from a file descriptor, buffering short reads.
+
+    ``poll()`` returns a complete frame body if one is buffered; ``fill()`` does one ``read``
+    (the caller has checked the descriptor is readable, or accepts blocking).
+    """
+
+    __slots__ = ("_fd", "_buf", "_max")
+
+    def __init__(self, fd: int, max_bytes: int = MAX_FRAME_BYTES) -> None:
+        self._fd = fd
+        self._buf = bytearray()
+        self._max = max_bytes
+
+    def poll(self) -> bytes | None:
+        buf = self._buf
+        if len(buf) < 4:
+            return None
+        (size,) = _HEADER.unpack_from(buf)
+        if size > self._max:
+            raise ProtocolError(f"frame of {size} bytes exceeds the {self._max}-byte cap")
+        end = 4 + size
+        if len(buf) < end:
+            return None
+        body = bytes(buf[4:end])
+        del buf[:end]
+        return body
+
+    def fill(self) -> bool:
+        """One read; False at end of file."""
+        want = 1 << 16
+        if len(self._buf) >= 4:
+            (size,) = _HEADER.unpack_from(self._buf)
+            want = max(want, min(4 + size - len(self._buf), self._max))
+        chunk = os.read(self._fd, want)
+        if not chunk:
+            return False
+        self._buf += chunk
+        return True
+
+    def read_blocking(self) -> bytes | None:
+        """The next frame, blocking; None at end of file."""
+        while True:
+            body = self.poll()
+            if body is not None:
+                return body
+            if not self.fill():
+                return None
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Writes every byte (pipes accept partial writes of large frames)."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+host_decoder = msgspec.msgpack.Decoder(HostFrame)
+worker_decoder = msgspec.msgpack.Decoder(WorkerFrame)

@@ -1,0 +1,651 @@
+//! One sandboxed run: a QuickJS runtime + context, the trusted prelude, and the bridge.
+//!
+//! The host drives a run with `start` and then `settle` for each batch of tool results; each
+//! call runs the guest's jobs to quiescence and reports an [`Outcome`]: completed, failed, or
+//! pending on tool calls. Nothing here does I/O or knows what a tool does; values cross as
+//! JSON text, and every crossing is capped.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rquickjs::context::{intrinsic, EvalOptions};
+use rquickjs::promise::PromiseState;
+use rquickjs::{qjs, Context, Ctx, Exception, Function, Object, Persistent, Promise, Runtime, Value};
+
+use crate::alloc::LimitedAllocator;
+use crate::frontend::{self, Language};
+use crate::limits::{Abort, Flags, Limits};
+
+const PRELUDE_SOURCE: &str = include_str!("prelude.js");
+
+/// Outcome codes, spelled as the spec spells them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCode {
+    InvalidInput,
+    Timeout,
+    OutputLimitExceeded,
+    MemoryLimitExceeded,
+    InternalError,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidInput => "invalid_input",
+            ErrorCode::Timeout => "timeout",
+            ErrorCode::OutputLimitExceeded => "output_limit_exceeded",
+            ErrorCode::MemoryLimitExceeded => "memory_limit_exceeded",
+            ErrorCode::InternalError => "internal_error",
+        }
+    }
+}
+
+/// A failed run. `code` is `None` for an exception the guest threw and did not catch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub code: Option<ErrorCode>,
+    pub name: String,
+    pub message: String,
+    pub stack: String,
+}
+
+impl Failure {
+    fn new(code: ErrorCode, name: &str, message: impl Into<String>) -> Self {
+        Failure { code: Some(code), name: name.to_owned(), message: message.into(), stack: String::new() }
+    }
+
+    fn aborted(why: Abort, limits: &Limits) -> Self {
+        match why {
+            Abort::Timeout => Failure::new(ErrorCode::Timeout, "TimeoutError", "code mode cell timed out."),
+            Abort::Memory => Failure::new(
+                ErrorCode::MemoryLimitExceeded,
+                "MemoryError",
+                format!("code mode cell exceeded its memory limit of {} bytes.", limits.memory_bytes),
+            ),
+            Abort::Output => Failure::new(
+                ErrorCode::OutputLimitExceeded,
+                "OutputLimitError",
+                format!("code mode output exceeded maxOutputBytes ({} bytes).", limits.max_output_bytes),
+            ),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Status {
+    /// The cell returned; its value as JSON text.
+    Completed(String),
+    Failed(Failure),
+    /// The cell awaits tool calls that the host has not settled yet.
+    Pending,
+}
+
+/// What `text`, `json` and `console.*` produced, in call order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum OutputKind {
+    Text = 0,
+    Json = 1,
+    Log = 2,
+    Info = 3,
+    Warn = 4,
+    Error = 5,
+}
+
+impl OutputKind {
+    fn from_i32(v: i32) -> Option<OutputKind> {
+        Some(match v {
+            0 => OutputKind::Text,
+            1 => OutputKind::Json,
+            2 => OutputKind::Log,
+            3 => OutputKind::Info,
+            4 => OutputKind::Warn,
+            5 => OutputKind::Error,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Output {
+    pub kind: OutputKind,
+    /// Plain text for text and console kinds, JSON text for `Json`.
+    pub text: String,
+}
+
+/// A tool call the guest started and the host must run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall {
+    pub id: u32,
+    pub tool: String,
+    pub input_json: String,
+}
+
+/// A tool's answer for the guest: a JSON value on success, an error message otherwise.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settlement {
+    pub id: u32,
+    pub ok: bool,
+    pub payload: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub status: Status,
+    /// Calls started since the previous outcome.
+    pub calls: Vec<ToolCall>,
+    /// Outputs produced since the previous outcome.
+    pub outputs: Vec<Output>,
+    /// Clock readings taken since the previous outcome (for the journal).
+    pub clock_reads: Vec<f64>,
+    /// Calls started and not yet settled.
+    pub in_flight: usize,
+    /// Bytes the QuickJS heap holds now.
+    pub memory_bytes: usize,
+}
+
+/// Building a runtime failed: the host reports `runtime_unavailable`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineError(pub String);
+
+impl std::fmt::Display for EngineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+impl From<rquickjs::Error> for EngineError {
+    fn from(e: rquickjs::Error) -> Self {
+        EngineError(e.to_string())
+    }
+}
+
+type Resolvers = (Persistent<Function<'static>>, Persistent<Function<'static>>);
+
+/// Bridge state reached from the host functions the prelude holds.
+struct State {
+    limits: Limits,
+    next_call_id: u32,
+    resolvers: HashMap<u32, Resolvers>,
+    new_calls: Vec<ToolCall>,
+    outputs: Vec<Output>,
+    output_bytes: usize,
+    clock_reads: Vec<f64>,
+    /// Readings to serve before the real clock (journal replay), oldest last.
+    clock_replay: Vec<f64>,
+}
+
+/// The prelude functions Rust calls; never reachable from guest code.
+struct Internals {
+    run_cell: Persistent<Function<'static>>,
+    describe_error: Persistent<Function<'static>>,
+    make_error: Persistent<Function<'static>>,
+    install_catalog: Persistent<Function<'static>>,
+    seed: Persistent<Function<'static>>,
+}
+
+/// One run's sandbox. Not `Send`: create and use it on one thread.
+///
+/// Field order is drop order, and every `Persistent` must go before the runtime, or freeing the
+/// runtime aborts on leaked GC objects; `Drop` clears the ones held in shared state first.
+pub struct Engine {
+    cell: Option<Persistent<Promise<'static>>>,
+    internals: Internals,
+    state: Rc<RefCell<State>>,
+    context: Context,
+    runtime: Runtime,
+    flags: Arc<Flags>,
+    started: bool,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if let Ok(mut state) = self.state.try_borrow_mut() {
+            state.resolvers.clear();
+        }
+    }
+}
+
+/// The prelude compiled once per process; loading bytecode skips parsing on every run.
+fn prelude_bytecode() -> Result<&'static [u8], EngineError> {
+    static BYTECODE: OnceLock<Result<Vec<u8>, EngineError>> = OnceLock::new();
+    BYTECODE.get_or_init(compile_prelude).as_ref().map(Vec::as_slice).map_err(Clone::clone)
+}
+
+/// The guest's intrinsics: no `WeakRef`/`FinalizationRegistry` (GC-observable, nondeterministic)
+/// and no `performance` (a clock outside the journal).
+fn sandbox_context(runtime: &Runtime) -> rquickjs::Result<Context> {
+    Context::builder()
+        .with::<intrinsic::Date>()
+        .with::<intrinsic::Eval>()
+        .with::<intrinsic::RegExpCompiler>()
+        .with::<intrinsic::RegExp>()
+        .with::<intrinsic::Json>()
+        .with::<intrinsic::Proxy>()
+        .with::<intrinsic::MapSet>()
+        .with::<intrinsic::TypedArrays>()
+        .with::<intrinsic::Promise>()
+        .build(runtime)
+}
+
+fn compile_prelude() -> Result<Vec<u8>, EngineError> {
+    let runtime = Runtime::new()?;
+    let context = sandbox_context(&runtime)?;
+    let source = CString::new(PRELUDE_SOURCE).map_err(|e| EngineError(e.to_string()))?;
+    context.with(|ctx| {
+        let raw = ctx.as_raw().as_ptr();
+        // SAFETY: `raw` is the live context of this `with` scope; the compiled function is owned
+        // by `compiled` and freed when it drops; the buffer from JS_WriteObject is copied and
+        // freed with the context's allocator.
+        unsafe {
+            let value = qjs::JS_Eval(
+                raw,
+                source.as_ptr(),
+                PRELUDE_SOURCE.len() as _,
+                c"<prelude>".as_ptr(),
+                (qjs::JS_EVAL_TYPE_GLOBAL | qjs::JS_EVAL_FLAG_STRICT | qjs::JS_EVAL_FLAG_COMPILE_ONLY) as i32,
+            );
+            if qjs::JS_IsException(value) {
+                let error = ctx.catch();
+                return Err(EngineError(format!("prelude does not compile: {error:?}")));
+            }
+            let compiled = Value::from_raw(ctx.clone(), value);
+            let mut len: qjs::size_t = 0;
+            let buf = qjs::JS_WriteObject(raw, &mut len, compiled.as_raw(), qjs::JS_WRITE_OBJ_BYTECODE as i32);
+            if buf.is_null() {
+                return Err(EngineError("prelude bytecode could not be written".into()));
+            }
+            let bytes = std::slice::from_raw_parts(buf, len as usize).to_vec();
+            qjs::js_free(raw, buf.cast());
+            Ok(bytes)
+        }
+    })
+}
+
+/// Throws an error no guest `catch` can intercept: the run is over.
+fn throw_uncatchable(ctx: &Ctx<'_>, message: &str) -> rquickjs::Error {
+    match Exception::from_message(ctx.clone(), message) {
+        Ok(error) => {
+            // SAFETY: `error` is a live Error object in this context.
+            unsafe { qjs::JS_SetUncatchableError(ctx.as_raw().as_ptr(), error.as_raw()) };
+            ctx.throw(error.into_value())
+        }
+        Err(e) => e,
+    }
+}
+
+fn now_ms() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64() * 1000.0).unwrap_or(0.0)
+}
+
+impl Engine {
+    /// Builds the runtime, context and prelude. Do this before the cell arrives.
+    pub fn new(limits: Limits) -> Result<Engine, EngineError> {
+        let flags = Arc::new(Flags::new(limits.memory_bytes));
+        let runtime = Runtime::new_with_alloc(LimitedAllocator::new(flags.clone()))?;
+        runtime.set_max_stack_size(limits.stack_bytes);
+        let handler_flags = flags.clone();
+        runtime.set_interrupt_handler(Some(Box::new(move || handler_flags.should_interrupt())));
+        let context = sandbox_context(&runtime)?;
+        let state = Rc::new(RefCell::new(State {
+            limits,
+            next_call_id: 0,
+            resolvers: HashMap::new(),
+            new_calls: Vec::new(),
+            outputs: Vec::new(),
+            output_bytes: 0,
+            clock_reads: Vec::new(),
+            clock_replay: Vec::new(),
+        }));
+        let bytecode = prelude_bytecode()?;
+        let internals = context.with(|ctx| install_prelude(&ctx, bytecode, &state, &flags))?;
+        Ok(Engine { cell: None, internals, state, context, runtime, flags, started: false })
+    }
+
+    /// Makes the catalog visible to the guest (`ALL_TOOLS`, `tools.*`). `entries_json` is a JSON
+    /// array of `{id, name, description, ...}` objects from the trusted host.
+    pub fn install_catalog(&mut self, entries_json: &str) -> Result<(), EngineError> {
+        let install = &self.internals.install_catalog;
+        self.context.with(|ctx| -> Result<(), EngineError> {
+            let f = install.clone().restore(&ctx)?;
+            f.call::<_, ()>((entries_json,)).map_err(|e| EngineError(format!("catalog: {}", caught(&ctx, e))))
+        })
+    }
+
+    /// Serves these clock readings (oldest first) before the real clock: journal replay.
+    pub fn replay_clock(&mut self, readings: &[f64]) {
+        let mut state = self.state.borrow_mut();
+        state.clock_replay = readings.iter().rev().copied().collect();
+    }
+
+    /// Starts the cell: checks and transpiles the source, then runs it until it completes,
+    /// fails, or waits on tool calls. `timeout_ms` is this slice's wall-clock budget.
+    pub fn start(&mut self, source: &str, language: Language, timeout_ms: f64, seed: u64) -> Outcome {
+        if self.started {
+            return self.outcome(Status::Failed(Failure::new(
+                ErrorCode::InternalError,
+                "Error",
+                "this engine already ran a cell",
+            )));
+        }
+        self.started = true;
+        let body = match frontend::prepare(source, language) {
+            Ok(body) => body,
+            Err(e) => {
+                let name = match e {
+                    frontend::FrontendError::Syntax(_) => "SyntaxError",
+                    frontend::FrontendError::ModuleAccess(_) => "Error",
+                };
+                return self.outcome(Status::Failed(Failure::new(ErrorCode::InvalidInput, name, e.message())));
+            }
+        };
+        self.flags.set_deadline_in(timeout_ms);
+        let internals = &self.internals;
+        let started = self.context.with(|ctx| -> Result<Persistent<Promise<'static>>, Failure> {
+            let seed_fn = internals.seed.clone().restore(&ctx).map_err(|e| internal(&ctx, e))?;
+            seed_fn.call::<_, ()>(((seed >> 32) as u32 as i32, seed as u32 as i32)).map_err(|e| internal(&ctx, e))?;
+            let mut options = EvalOptions::default();
+            options.global = true;
+            options.strict = true;
+            options.filename = Some("cell.js".into());
+            // The opening brace shares the cell's first line so error lines match the source.
+            let wrapped = format!("(async () => {{{body}\n}})");
+            let cell: Function = ctx.eval_with_options(wrapped, options).map_err(|e| {
+                let (name, message, stack) = describe(&ctx, &internals.describe_error, e);
+                Failure { code: Some(ErrorCode::InvalidInput), name, message, stack }
+            })?;
+            let run_cell = internals.run_cell.clone().restore(&ctx).map_err(|e| internal(&ctx, e))?;
+            let promise: Promise = run_cell.call((cell,)).map_err(|e| internal(&ctx, e))?;
+            Ok(Persistent::save(&ctx, promise))
+        });
+        match started {
+            Ok(promise) => {
+                self.cell = Some(promise);
+                self.drive()
+            }
+            Err(failure) => {
+                let limits = self.state.borrow().limits;
+                match self.flags.aborted() {
+                    Some(why) => self.outcome(Status::Failed(Failure::aborted(why, &limits))),
+                    None => self.outcome(Status::Failed(failure)),
+                }
+            }
+        }
+    }
+
+    /// Delivers tool results, then runs the guest until it is quiet again.
+    pub fn settle(&mut self, settlements: Vec<Settlement>, timeout_ms: f64) -> Outcome {
+        self.flags.set_deadline_in(timeout_ms);
+        let max_bridge = self.state.borrow().limits.max_bridge_bytes;
+        for s in settlements {
+            // Take the resolvers out before calling JS: resolving can run guest getters that
+            // re-enter the bridge and borrow the state.
+            let Some((resolve, reject)) = self.state.borrow_mut().resolvers.remove(&s.id) else {
+                continue;
+            };
+            let make_error = &self.internals.make_error;
+            self.context.with(|ctx| {
+                let settled = (|| -> rquickjs::Result<()> {
+                    let value = if !s.ok {
+                        None
+                    } else if s.payload.len() > max_bridge {
+                        Some(Err(format!("tool result is larger than the bridge limit ({max_bridge} bytes)")))
+                    } else {
+                        match ctx.json_parse(s.payload.as_str()) {
+                            Ok(v) => Some(Ok(v)),
+                            Err(_) => {
+                                let _ = ctx.catch();
+                                Some(Err("tool result is not valid JSON".to_owned()))
+                            }
+                        }
+                    };
+                    match value {
+                        Some(Ok(v)) => resolve.restore(&ctx)?.call::<_, ()>((v,)),
+                        Some(Err(message)) => {
+                            let error: Value = make_error.clone().restore(&ctx)?.call((message,))?;
+                            reject.restore(&ctx)?.call::<_, ()>((error,))
+                        }
+                        None => {
+                            let error: Value = make_error.clone().restore(&ctx)?.call((s.payload.as_str(),))?;
+                            reject.restore(&ctx)?.call::<_, ()>((error,))
+                        }
+                    }
+                })();
+                if settled.is_err() {
+                    let _ = ctx.catch();
+                }
+            });
+        }
+        self.drive()
+    }
+
+    /// Bytes the QuickJS heap holds now (as the allocator counts them).
+    pub fn memory_bytes(&self) -> usize {
+        self.flags.used.load(Ordering::Relaxed)
+    }
+
+    /// Runs pending jobs to quiescence, then reports.
+    fn drive(&mut self) -> Outcome {
+        while self.flags.aborted().is_none() {
+            match self.runtime.execute_pending_job() {
+                Ok(true) => {}
+                Ok(false) => break,
+                // Only an uncatchable error escapes a job; the abort flag says which.
+                Err(_) => {}
+            }
+        }
+        let status = self.conclude();
+        self.outcome(status)
+    }
+
+    fn conclude(&mut self) -> Status {
+        let limits = self.state.borrow().limits;
+        if let Some(why) = self.flags.aborted() {
+            return Status::Failed(Failure::aborted(why, &limits));
+        }
+        let Some(cell) = self.cell.clone() else {
+            return Status::Failed(Failure::new(ErrorCode::InternalError, "Error", "no cell was started"));
+        };
+        let internals = &self.internals;
+        let state = &self.state;
+        let status = self.context.with(|ctx| -> Status {
+            let promise = match cell.restore(&ctx) {
+                Ok(p) => p,
+                Err(e) => return Status::Failed(internal(&ctx, e)),
+            };
+            match promise.state() {
+                PromiseState::Pending => {
+                    if state.borrow().resolvers.is_empty() {
+                        Status::Failed(Failure::new(
+                            ErrorCode::Timeout,
+                            "DeadlockError",
+                            "code mode cell can never finish: it awaits a promise that nothing will settle (no tool call is pending).",
+                        ))
+                    } else {
+                        Status::Pending
+                    }
+                }
+                PromiseState::Resolved => match promise.result::<String>() {
+                    Some(Ok(json)) => {
+                        if json.len().saturating_add(state.borrow().output_bytes) > limits.max_output_bytes {
+                            Status::Failed(Failure::aborted(Abort::Output, &limits))
+                        } else {
+                            Status::Completed(json)
+                        }
+                    }
+                    Some(Err(e)) => Status::Failed(internal(&ctx, e)),
+                    None => Status::Pending,
+                },
+                PromiseState::Rejected => {
+                    let error = match promise.result::<Value>() {
+                        Some(Err(e)) => e,
+                        _ => rquickjs::Error::Exception,
+                    };
+                    let (name, message, stack) = describe(&ctx, &internals.describe_error, error);
+                    Status::Failed(Failure { code: None, name, message, stack })
+                }
+            }
+        });
+        // Describing the error runs guest code (getters); it may have broken a limit itself.
+        match self.flags.aborted() {
+            Some(why) => Status::Failed(Failure::aborted(why, &limits)),
+            None => status,
+        }
+    }
+
+    fn outcome(&mut self, status: Status) -> Outcome {
+        let mut state = self.state.borrow_mut();
+        if !matches!(status, Status::Pending) {
+            // The run is over: drop the resolvers now, while the runtime is alive.
+            state.resolvers.clear();
+        }
+        Outcome {
+            status,
+            calls: std::mem::take(&mut state.new_calls),
+            outputs: std::mem::take(&mut state.outputs),
+            clock_reads: std::mem::take(&mut state.clock_reads),
+            in_flight: state.resolvers.len(),
+            memory_bytes: self.flags.used.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Reads the pending exception (or the error) as `(name, message, stack)` through the prelude.
+fn describe(ctx: &Ctx<'_>, describe_error: &Persistent<Function<'static>>, error: rquickjs::Error) -> (String, String, String) {
+    let value = match error {
+        rquickjs::Error::Exception => ctx.catch(),
+        other => return ("Error".into(), other.to_string(), String::new()),
+    };
+    let described = describe_error
+        .clone()
+        .restore(ctx)
+        .and_then(|f| f.call::<_, Vec<String>>((value,)));
+    match described {
+        Ok(mut parts) if parts.len() == 3 => {
+            let stack = parts.pop().unwrap_or_default();
+            let message = parts.pop().unwrap_or_default();
+            let name = parts.pop().unwrap_or_default();
+            (name, message, stack)
+        }
+        _ => {
+            let _ = ctx.catch();
+            ("Error".into(), "uncaught exception (its value could not be read)".into(), String::new())
+        }
+    }
+}
+
+fn caught(ctx: &Ctx<'_>, error: rquickjs::Error) -> String {
+    match error {
+        rquickjs::Error::Exception => format!("{:?}", ctx.catch()),
+        other => other.to_string(),
+    }
+}
+
+fn internal(ctx: &Ctx<'_>, error: rquickjs::Error) -> Failure {
+    Failure::new(ErrorCode::InternalError, "Error", caught(ctx, error))
+}
+
+/// Loads the prelude bytecode, hands it the host functions, and keeps the internals it returns.
+fn install_prelude<'js>(
+    ctx: &Ctx<'js>,
+    bytecode: &[u8],
+    state: &Rc<RefCell<State>>,
+    flags: &Arc<Flags>,
+) -> Result<Internals, EngineError> {
+    let raw = ctx.as_raw().as_ptr();
+    // SAFETY: the bytecode was written by this process from trusted source (never from a guest
+    // or a store); JS_EvalFunction consumes the read object and returns an owned value.
+    let install = unsafe {
+        let object = qjs::JS_ReadObject(raw, bytecode.as_ptr(), bytecode.len() as _, qjs::JS_READ_OBJ_BYTECODE as i32);
+        if qjs::JS_IsException(object) {
+            return Err(EngineError(format!("prelude bytecode does not load: {}", caught(ctx, rquickjs::Error::Exception))));
+        }
+        let value = qjs::JS_EvalFunction(raw, object);
+        if qjs::JS_IsException(value) {
+            return Err(EngineError(format!("prelude does not run: {}", caught(ctx, rquickjs::Error::Exception))));
+        }
+        Value::from_raw(ctx.clone(), value)
+    };
+    let install: Function = install.get().map_err(EngineError::from)?;
+    let host = Object::new(ctx.clone())?;
+    let limits = state.borrow().limits;
+
+    let call_state = state.clone();
+    host.set(
+        "call",
+        Function::new(ctx.clone(), move |ctx: Ctx<'js>, tool: String, input: String| -> rquickjs::Result<Promise<'js>> {
+            let mut st = call_state.borrow_mut();
+            if st.resolvers.len() >= st.limits.max_pending_calls {
+                return Err(Exception::throw_message(
+                    &ctx,
+                    &format!("too many pending tool calls: at most {} may be in flight.", st.limits.max_pending_calls),
+                ));
+            }
+            if input.len() > st.limits.max_bridge_bytes {
+                return Err(Exception::throw_range(
+                    &ctx,
+                    &format!("tool input is larger than the bridge limit ({} bytes).", st.limits.max_bridge_bytes),
+                ));
+            }
+            let (promise, resolve, reject) = ctx.promise()?;
+            st.next_call_id = st.next_call_id.wrapping_add(1);
+            let id = st.next_call_id;
+            st.resolvers.insert(id, (Persistent::save(&ctx, resolve), Persistent::save(&ctx, reject)));
+            st.new_calls.push(ToolCall { id, tool, input_json: input });
+            Ok(promise)
+        })?,
+    )?;
+
+    let emit_state = state.clone();
+    let emit_flags = flags.clone();
+    host.set(
+        "emit",
+        Function::new(ctx.clone(), move |ctx: Ctx<'js>, kind: i32, text: String| -> rquickjs::Result<()> {
+            let Some(kind) = OutputKind::from_i32(kind) else {
+                return Err(Exception::throw_type(&ctx, "unknown output kind"));
+            };
+            let mut st = emit_state.borrow_mut();
+            let total = st.output_bytes.saturating_add(text.len());
+            if total > st.limits.max_output_bytes {
+                emit_flags.abort(Abort::Output);
+                return Err(throw_uncatchable(&ctx, "code mode output limit exceeded"));
+            }
+            st.output_bytes = total;
+            st.outputs.push(Output { kind, text });
+            Ok(())
+        })?,
+    )?;
+
+    let clock_state = state.clone();
+    host.set(
+        "now",
+        Function::new(ctx.clone(), move || -> f64 {
+            let mut st = clock_state.borrow_mut();
+            let reading = st.clock_replay.pop().unwrap_or_else(now_ms);
+            st.clock_reads.push(reading);
+            reading
+        })?,
+    )?;
+    host.set("searchDefaultLimit", limits.search_default_limit as f64)?;
+    host.set("maxSearchLimit", limits.max_search_limit as f64)?;
+
+    let internals: Object = install.call((host,)).map_err(|e| EngineError(format!("prelude install: {}", caught(ctx, e))))?;
+    let get = |name: &str| -> Result<Persistent<Function<'static>>, EngineError> {
+        let f: Function = internals.get(name)?;
+        Ok(Persistent::save(ctx, f))
+    };
+    Ok(Internals {
+        run_cell: get("runCell")?,
+        describe_error: get("describeError")?,
+        make_error: get("makeError")?,
+        install_catalog: get("installCatalog")?,
+        seed: get("seed")?,
+    })
+}

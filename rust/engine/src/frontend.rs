@@ -1,0 +1,576 @@
+//! Source front end for code-mode cells.
+//!
+//! A *cell* is model-written JavaScript or TypeScript that the engine evaluates
+//! in QuickJS as the **body of an async function**, so top-level `await` and
+//! top-level `return` are legal. QuickJS itself cannot strip TypeScript types,
+//! gives poor syntax errors, and would happily evaluate `import(...)` or a
+//! `require(...)` shim if one ever leaked into the global scope. This module
+//! runs every cell through oxc first to:
+//!
+//! * report syntax errors with 1-based line/column positions in the user's
+//!   original source, before anything executes;
+//! * reject module access (`import`/`export` declarations, `import(...)`,
+//!   `import.meta`, calls to a bare `require(...)`) by looking at the AST, so
+//!   strings and comments that merely mention those words are not affected;
+//! * strip TypeScript syntax (types only, no downleveling) and hand back plain
+//!   JavaScript.
+//!
+//! JavaScript cells are returned byte-for-byte unchanged so that QuickJS error
+//! line numbers keep matching what the model wrote. TypeScript cells are
+//! re-printed by the code generator, so their runtime line numbers refer to the
+//! generated code, not to the original cell.
+//!
+//! Pitfall: cells are parsed as ES *modules* (that is what makes top-level
+//! `await` parse), and module code is strict. A few sloppy-mode-only constructs
+//! (e.g. legacy octal literals) are therefore rejected here even though a
+//! non-strict QuickJS function body would accept them.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+
+use oxc_allocator::Allocator;
+use oxc_ast::ast::{
+    CallExpression, Expression, ImportExpression, ImportMeta, Program, TSImportEqualsDeclaration,
+    TSModuleReference,
+};
+use oxc_ast_visit::{walk, Visit};
+use oxc_codegen::Codegen;
+use oxc_diagnostics::OxcDiagnostic;
+use oxc_parser::{ParseOptions, Parser, ParserReturn};
+use oxc_semantic::SemanticBuilder;
+use oxc_span::{GetSpan, SourceType};
+use oxc_transformer::{TransformOptions, Transformer};
+
+/// Source language of a cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Language {
+    /// Plain JavaScript; returned unchanged after checking.
+    JavaScript,
+    /// TypeScript; type syntax is stripped and the result re-printed as JavaScript.
+    TypeScript,
+}
+
+/// One problem found in a cell.
+///
+/// `line` and `column` are 1-based and refer to the ORIGINAL cell source;
+/// `column` counts Unicode scalar values (chars), not bytes or UTF-16 units.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diagnostic {
+    /// Human-readable description, without position.
+    pub message: String,
+    /// 1-based line number.
+    pub line: u32,
+    /// 1-based column, in chars of the line.
+    pub column: u32,
+}
+
+/// Why a cell was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrontendError {
+    /// parse / transform failure; at least one diagnostic
+    Syntax(Vec<Diagnostic>),
+    /// import / export declarations, dynamic import(), import.meta, or a call `require(...)`
+    ModuleAccess(Diagnostic),
+}
+
+/// Fixed user-facing text for [`FrontendError::ModuleAccess`]. Deliberately does
+/// not say which construct was hit, so the wording stays stable for callers.
+const MODULE_ACCESS_MESSAGE: &str = "code mode module access is disabled.";
+
+/// At most this many syntax diagnostics are rendered by [`FrontendError::message`];
+/// after the first few, parser errors are mostly cascading noise.
+const MAX_RENDERED_DIAGNOSTICS: usize = 5;
+
+impl FrontendError {
+    /// Human message, e.g. `SyntaxError: Unexpected token (line 3:9)` (one line per
+    /// diagnostic, at most 5) or `code mode module access is disabled. (line 1:1)`.
+    pub fn message(&self) -> String {
+        match self {
+            Self::Syntax(diagnostics) => diagnostics
+                .iter()
+                .take(MAX_RENDERED_DIAGNOSTICS)
+                .map(|d| format!("SyntaxError: {} (line {}:{})", d.message, d.line, d.column))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            Self::ModuleAccess(d) => {
+                format!("{MODULE_ACCESS_MESSAGE} (line {}:{})", d.line, d.column)
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for FrontendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message())
+    }
+}
+
+impl std::error::Error for FrontendError {}
+
+/// Parse and check a cell; return JavaScript source to evaluate as an async function body.
+///
+/// * JavaScript: parse + AST checks only (no semantic analysis, no codegen); on
+///   success the input string is returned unchanged.
+/// * TypeScript: additionally runs semantic analysis, the TypeScript
+///   transform (type stripping, `enum`/`namespace`/parameter properties
+///   lowered, nothing else downleveled) and codegen.
+///
+/// Never panics: an unexpected panic inside oxc is caught and reported as a
+/// [`FrontendError::Syntax`] at line 1:1.
+pub fn prepare(source: &str, language: Language) -> Result<String, FrontendError> {
+    // oxc is not expected to panic, but it contains debug assertions and is
+    // fed arbitrary model output; a panic must never take the host down.
+    catch_unwind(AssertUnwindSafe(|| prepare_inner(source, language))).unwrap_or_else(|_| {
+        Err(FrontendError::Syntax(vec![Diagnostic {
+            message: "internal error while parsing the cell".to_string(),
+            line: 1,
+            column: 1,
+        }]))
+    })
+}
+
+fn prepare_inner(source: &str, language: Language) -> Result<String, FrontendError> {
+    // A fresh arena per call: allocating it is cheap (chunks are created
+    // lazily) and avoids sharing mutable state across threads.
+    let allocator = Allocator::default();
+    let source_type = match language {
+        // Module goal: top-level `await` only parses in modules.
+        Language::JavaScript => SourceType::mjs(),
+        // `SourceType::ts()` is *unambiguous* (script unless it sees ESM
+        // syntax), which would reject top-level await; force module.
+        Language::TypeScript => SourceType::ts().with_module(true),
+    };
+    let options = ParseOptions {
+        // Cells are function bodies, so `return` at top level is legal.
+        allow_return_outside_function: true,
+        // Ident hashes only speed up semantic analysis, which JS never runs.
+        enable_ident_hashes: language == Language::TypeScript,
+        ..ParseOptions::default()
+    };
+    let parsed = Parser::new(&allocator, source, source_type)
+        .with_options(options)
+        .parse();
+    check_parse(source, &parsed)?;
+    let ParserReturn { mut program, .. } = parsed;
+
+    if let Some(offset) = find_module_access(&program) {
+        let (line, column) = line_col(source, offset);
+        return Err(FrontendError::ModuleAccess(Diagnostic {
+            message: MODULE_ACCESS_MESSAGE.to_string(),
+            line,
+            column,
+        }));
+    }
+
+    match language {
+        Language::JavaScript => Ok(source.to_string()),
+        Language::TypeScript => strip_types(&allocator, source, &mut program),
+    }
+}
+
+/// Turn parser diagnostics into a `Syntax` error.
+///
+/// Pitfall: oxc recovers from some errors and still returns a full AST (which
+/// codegen would happily print), so any error-severity diagnostic must fail
+/// the cell, not just `panicked`.
+fn check_parse(source: &str, parsed: &ParserReturn<'_>) -> Result<(), FrontendError> {
+    let mut diagnostics = convert(source, parsed.diagnostics.errors());
+    if parsed.panicked && diagnostics.is_empty() {
+        diagnostics.push(Diagnostic {
+            message: "failed to parse the cell".to_string(),
+            line: 1,
+            column: 1,
+        });
+    }
+    if diagnostics.is_empty() {
+        Ok(())
+    } else {
+        Err(FrontendError::Syntax(diagnostics))
+    }
+}
+
+/// TypeScript path: semantic -> TypeScript transform -> codegen.
+///
+/// Pitfalls:
+/// * The enum transform relies on member values computed by
+///   `SemanticBuilder::with_enum_eval(true)`; without it string members get
+///   wrong reverse mappings (and a debug assertion fires).
+/// * `TransformOptions::default()` enables only the TypeScript transform with
+///   an empty `env`, i.e. no syntax lowering (target is effectively ESNext).
+/// * Spans are unchanged by semantic/transform, so their diagnostics map to
+///   the original source directly. Top-level `return`/`await` survive as is.
+fn strip_types<'a>(
+    allocator: &'a Allocator,
+    source: &str,
+    program: &mut Program<'a>,
+) -> Result<String, FrontendError> {
+    let semantic = SemanticBuilder::new().with_enum_eval(true).build(program);
+    // Without `with_check_syntax_error` this only reports binder errors such as
+    // redeclarations; reporting them here gives original-source positions.
+    let diagnostics = convert(source, semantic.diagnostics.errors());
+    if !diagnostics.is_empty() {
+        return Err(FrontendError::Syntax(diagnostics));
+    }
+    let scoping = semantic.semantic.into_scoping();
+
+    let options = TransformOptions::default();
+    let transformed = Transformer::new(allocator, Path::new("cell.ts"), &options)
+        .build_with_scoping(scoping, program);
+    let diagnostics = convert(source, transformed.diagnostics.errors());
+    if !diagnostics.is_empty() {
+        return Err(FrontendError::Syntax(diagnostics));
+    }
+
+    Ok(Codegen::new().build(program).code)
+}
+
+/// Convert oxc diagnostics to ours, positioned at their most relevant label.
+fn convert<'d>(
+    source: &str,
+    diagnostics: impl Iterator<Item = &'d OxcDiagnostic>,
+) -> Vec<Diagnostic> {
+    diagnostics
+        .map(|d| {
+            // Prefer the primary label; otherwise the last one, because
+            // multi-label oxc errors are mostly "declared here" + "redeclared
+            // here", where the last label is the offending site.
+            let offset = d
+                .labels
+                .iter()
+                .find(|l| l.primary())
+                .or_else(|| d.labels.last())
+                .map_or(0, |l| l.offset());
+            let (line, column) = line_col(source, offset);
+            Diagnostic {
+                message: d.message.to_string(),
+                line,
+                column,
+            }
+        })
+        .collect()
+}
+
+/// 1-based (line, column) of a byte offset. Lines are split on `\n` only (as
+/// QuickJS counts them); the column counts chars. Out-of-range or
+/// mid-character offsets are clamped instead of panicking.
+fn line_col(source: &str, offset: u32) -> (u32, u32) {
+    let mut end = usize::try_from(offset)
+        .unwrap_or(usize::MAX)
+        .min(source.len());
+    while end > 0 && !source.is_char_boundary(end) {
+        end -= 1;
+    }
+    let before = source.get(..end).unwrap_or("");
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line = before.bytes().filter(|&b| b == b'\n').count() + 1;
+    let column = before.get(line_start..).unwrap_or("").chars().count() + 1;
+    (to_u32(line), to_u32(column))
+}
+
+fn to_u32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// Byte offset of the earliest module-access construct, if any.
+///
+/// `import`/`export` declarations are only checked at the top level: nested
+/// ones are either parse errors (JS) or legal TypeScript that the transform
+/// lowers to plain code (`export` inside a `namespace`, or inside an ambient
+/// `declare module` that is erased).
+fn find_module_access(program: &Program<'_>) -> Option<u32> {
+    let top_level = program
+        .body
+        .iter()
+        .find(|stmt| stmt.is_module_declaration())
+        .map(|stmt| stmt.span().start);
+    let mut finder = ModuleAccessFinder { first: top_level };
+    finder.visit_program(program);
+    finder.first
+}
+
+/// AST visitor recording the smallest start offset of a forbidden expression.
+struct ModuleAccessFinder {
+    first: Option<u32>,
+}
+
+impl ModuleAccessFinder {
+    fn record(&mut self, offset: u32) {
+        self.first = Some(self.first.map_or(offset, |first| first.min(offset)));
+    }
+}
+
+impl<'a> Visit<'a> for ModuleAccessFinder {
+    // Children start after the node itself, so no need to walk into it.
+    fn visit_import_expression(&mut self, it: &ImportExpression<'a>) {
+        self.record(it.span.start);
+    }
+
+    fn visit_import_meta(&mut self, it: &ImportMeta) {
+        self.record(it.span.start);
+    }
+
+    /// Only a bare identifier callee counts (`require(..)`, `(require)(..)`,
+    /// `require?.(..)`); `globalThis.require(..)` is a member call and is left
+    /// to the runtime, where no such function exists.
+    fn visit_call_expression(&mut self, it: &CallExpression<'a>) {
+        if let Expression::Identifier(ident) = it.callee.without_parentheses() {
+            if ident.name == "require" {
+                self.record(it.span.start);
+                return;
+            }
+        }
+        walk::walk_call_expression(self, it);
+    }
+
+    /// TypeScript `import x = require("m")`; aliases like `import A = N.B`
+    /// are plain value bindings and stay allowed.
+    fn visit_ts_import_equals_declaration(&mut self, it: &TSImportEqualsDeclaration<'a>) {
+        if matches!(
+            it.module_reference,
+            TSModuleReference::ExternalModuleReference(_)
+        ) {
+            self.record(it.span.start);
+            return;
+        }
+        walk::walk_ts_import_equals_declaration(self, it);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn js(src: &str) -> Result<String, FrontendError> {
+        prepare(src, Language::JavaScript)
+    }
+
+    fn ts(src: &str) -> Result<String, FrontendError> {
+        prepare(src, Language::TypeScript)
+    }
+
+    fn module_access_at(result: Result<String, FrontendError>) -> (u32, u32) {
+        match result {
+            Err(FrontendError::ModuleAccess(d)) => (d.line, d.column),
+            other => panic!("expected ModuleAccess, got {other:?}"),
+        }
+    }
+
+    fn syntax(result: Result<String, FrontendError>) -> Vec<Diagnostic> {
+        match result {
+            Err(FrontendError::Syntax(d)) => {
+                assert!(!d.is_empty());
+                d
+            }
+            other => panic!("expected Syntax, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn js_passthrough_is_identical() {
+        let src = "// hi\nconst a = [1, 2,3]  ;\n\n  a.map(x => x * 2)\n";
+        assert_eq!(js(src).as_deref(), Ok(src));
+    }
+
+    #[test]
+    fn js_top_level_await_and_return() {
+        let src =
+            "const r = await tools.search({ q: 'x' });\nif (!r) return null;\nreturn r.items;";
+        assert_eq!(js(src).as_deref(), Ok(src));
+    }
+
+    #[test]
+    fn ts_top_level_await_and_return() {
+        let out = ts(
+            "const r: number = await Promise.resolve(1);\nif (r > 2) { return r }\nreturn r + 1;",
+        )
+        .unwrap_or_else(|e| panic!("{}", e.message()));
+        assert!(out.contains("await Promise.resolve(1)"), "{out}");
+        assert!(out.contains("return r;"), "{out}");
+        assert!(out.contains("return r + 1;"), "{out}");
+        assert!(!out.contains(": number"), "{out}");
+    }
+
+    #[test]
+    fn ts_type_syntax_is_stripped() {
+        let src = "interface Item { id: number; name?: string }\n\
+                   type Id = Item['id'];\n\
+                   enum Color { Red, Green = 'g' }\n\
+                   namespace NS { export const k = 3; }\n\
+                   class Box<T> { constructor(private readonly v: T, public n = 1) {} get(): T { return this.v; } }\n\
+                   function first<T>(xs: T[]): T | undefined { return xs[0]; }\n\
+                   const items = (await tools.list()) as Item[];\n\
+                   const it = first<Item>(items)!;\n\
+                   const cfg = { a: 1 } satisfies Record<string, number>;\n\
+                   return [it.id, Color.Green, NS.k, new Box<number>(2).get(), cfg.a];\n";
+        let out = ts(src).unwrap_or_else(|e| panic!("{}", e.message()));
+        for banned in [
+            "interface",
+            "type Id",
+            ": number",
+            "<T>",
+            "<Item>",
+            " as ",
+            "satisfies",
+            "private",
+            ")!",
+        ] {
+            assert!(!out.contains(banned), "{banned:?} survived in:\n{out}");
+        }
+        for kept in [
+            "Color",
+            "NS",
+            "this.v = v",
+            "await tools.list()",
+            "return [",
+        ] {
+            assert!(out.contains(kept), "{kept:?} missing in:\n{out}");
+        }
+        // The output must itself be valid JavaScript (as a cell).
+        assert!(js(&out).is_ok(), "generated JS does not reparse:\n{out}");
+    }
+
+    #[test]
+    fn syntax_error_position() {
+        let d = syntax(js("const a = 1;\nconst b = 2;\nconst c = ;\n"));
+        assert_eq!((d[0].line, d[0].column), (3, 11), "{d:?}");
+        let e = FrontendError::Syntax(d);
+        assert!(e.message().starts_with("SyntaxError: "), "{}", e.message());
+        assert!(e.message().ends_with("(line 3:11)"), "{}", e.message());
+
+        let d = syntax(ts("let a: number = 1;\nlet b = 2;\n  if (a { }\n"));
+        assert_eq!(d[0].line, 3, "{d:?}");
+    }
+
+    #[test]
+    fn syntax_error_column_counts_chars() {
+        let d = syntax(js("const s = 'héllo'; )"));
+        assert_eq!((d[0].line, d[0].column), (1, 20), "{d:?}");
+    }
+
+    #[test]
+    fn message_caps_at_five() {
+        let d = Diagnostic {
+            message: "m".into(),
+            line: 1,
+            column: 1,
+        };
+        let e = FrontendError::Syntax(vec![d; 8]);
+        assert_eq!(e.message().lines().count(), 5);
+    }
+
+    #[test]
+    fn ts_redeclaration_reported_at_second_site() {
+        let d = syntax(ts("let x = 1;\nlet x = 2;"));
+        assert_eq!((d[0].line, d[0].column), (2, 5), "{d:?}");
+    }
+
+    #[test]
+    fn module_access_rejected() {
+        assert_eq!(module_access_at(js("import x from \"y\";")), (1, 1));
+        assert_eq!(
+            module_access_at(js("const q = 1;\nexport const a=1;")),
+            (2, 1)
+        );
+        assert_eq!(
+            module_access_at(js("const fs = await import(\"fs\");")),
+            (1, 18)
+        );
+        assert_eq!(module_access_at(js("return import.meta.url;")), (1, 8));
+        assert_eq!(module_access_at(js("const fs = require(\"fs\");")), (1, 12));
+        assert_eq!(module_access_at(js("f(1, g((require)('x')))")), (1, 8));
+        assert_eq!(module_access_at(js("require?.('x')")), (1, 1));
+        assert_eq!(module_access_at(ts("import type { A } from 'a';")), (1, 1));
+        assert_eq!(module_access_at(ts("import fs = require('fs');")), (1, 1));
+        assert_eq!(
+            module_access_at(ts("const x = require('fs') as any;")),
+            (1, 11)
+        );
+        // earliest offending node wins
+        assert_eq!(module_access_at(js("require('a');\nexport {};")), (1, 1));
+        let e = FrontendError::ModuleAccess(Diagnostic {
+            message: MODULE_ACCESS_MESSAGE.into(),
+            line: 2,
+            column: 1,
+        });
+        assert_eq!(
+            e.message(),
+            "code mode module access is disabled. (line 2:1)"
+        );
+    }
+
+    #[test]
+    fn lookalikes_accepted() {
+        for src in [
+            "const s = \"require('x')\";\nreturn s;",
+            "// import fs from 'fs'\n/* export default 1; import('x') */\nreturn 1;",
+            "return globalThis.require(\"x\");",
+            "const o = { require: 1, import: 2 };\nreturn o.require + o.import;",
+            "return `import.meta ${'require(1)'}`;",
+            "function f() { return new.target; }\nreturn f();",
+        ] {
+            assert_eq!(js(src).as_deref(), Ok(src));
+        }
+        let out = ts("namespace N { export const a: number = 1; }\nimport A = N.a;\nreturn A;")
+            .unwrap_or_else(|e| panic!("{}", e.message()));
+        assert!(out.contains("return A"), "{out}");
+    }
+
+    #[test]
+    fn ts_syntax_rejected_in_js() {
+        let d = syntax(js("let x: number = 1;"));
+        assert_eq!(d[0].line, 1, "{d:?}");
+        assert!(ts("let x: number = 1;").is_ok());
+    }
+
+    #[test]
+    fn weird_inputs_do_not_panic() {
+        for src in [
+            "",
+            "\u{feff}",
+            "}",
+            "`${",
+            "/*",
+            "'\n'",
+            "return",
+            "await",
+            "\u{2028}x",
+            "a\r\nb )",
+        ] {
+            let _ = js(src);
+            let _ = ts(src);
+        }
+    }
+
+    #[test]
+    fn timing() {
+        use std::time::Instant;
+        let js_src = "const r = await tools.search({ query: 'x' });\nconst ids = r.items.map(i => i.id);\nreturn ids.slice(0, 5);\n";
+        let ts_src = "interface Hit { id: string; score: number }\n\
+                      type Page = { items: Hit[] };\n\
+                      enum Mode { Fast, Slow }\n\
+                      function top<T extends Hit>(xs: T[], n: number): T[] {\n\
+                      \x20 return [...xs].sort((a, b) => b.score - a.score).slice(0, n);\n\
+                      }\n\
+                      const page = (await tools.search({ query: 'x' })) as Page;\n\
+                      const best = top<Hit>(page.items, 3)!;\n\
+                      const mode: Mode = Mode.Fast;\n\
+                      return { ids: best.map((h) => h.id), mode };\n";
+        for (name, src, lang) in [
+            ("js 3-line", js_src, Language::JavaScript),
+            ("ts 10-line", ts_src, Language::TypeScript),
+        ] {
+            for _ in 0..50 {
+                assert!(prepare(src, lang).is_ok());
+            }
+            let n = 2000u32;
+            let start = Instant::now();
+            for _ in 0..n {
+                let _ = std::hint::black_box(prepare(std::hint::black_box(src), lang));
+            }
+            println!(
+                "prepare() {name}: {:?} per call (warm, avg of {n})",
+                start.elapsed() / n
+            );
+        }
+    }
+}

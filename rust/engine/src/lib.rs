@@ -1,0 +1,13 @@
+//! codemode's engine: hostile JavaScript/TypeScript cells in a limited QuickJS runtime.
+//!
+//! Pure Rust, no Python: the worker process wraps it (rust/pyext). It never spawns, never does
+//! I/O and never runs tools; tool calls leave as JSON text and results come back the same way.
+
+mod alloc;
+pub mod engine;
+pub mod frontend;
+pub mod limits;
+
+pub use engine::{Engine, EngineError, ErrorCode, Failure, Outcome, Output, OutputKind, Settlement, Status, ToolCall};
+pub use frontend::Language;
+pub use limits::Limits;

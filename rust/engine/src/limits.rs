@@ -1,0 +1,121 @@
+//! Limits of one run and the flags that end it.
+//!
+//! `Flags` is shared by the allocator, the interrupt handler and the host functions: whichever
+//! notices a broken limit first records why, and the interrupt handler then stops the guest
+//! with QuickJS's uncatchable `interrupted` error, so no `try/catch` in guest code can keep a
+//! doomed run alive.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::time::Instant;
+
+/// Per-run limits, already validated and clamped by the host's config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Bytes QuickJS may allocate for this run (heap, strings, bytecode).
+    pub memory_bytes: usize,
+    /// Native stack QuickJS may use; keep it well below the thread's real stack.
+    pub stack_bytes: usize,
+    /// UTF-8 bytes of all outputs plus the final value.
+    pub max_output_bytes: usize,
+    /// Tool calls that may be in flight at once.
+    pub max_pending_calls: usize,
+    /// Bytes of one value crossing the bridge (a tool input or a tool result).
+    pub max_bridge_bytes: usize,
+    /// Results `tools.search` returns without an explicit limit.
+    pub search_default_limit: usize,
+    /// Upper bound on any `tools.search` limit.
+    pub max_search_limit: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_bytes: 64 << 20,
+            stack_bytes: 1 << 20,
+            max_output_bytes: 64 << 10,
+            max_pending_calls: 16,
+            max_bridge_bytes: 16 << 20,
+            search_default_limit: 8,
+            max_search_limit: 50,
+        }
+    }
+}
+
+/// Why a run was stopped from outside the guest's control.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Abort {
+    Timeout = 1,
+    Memory = 2,
+    Output = 3,
+}
+
+impl Abort {
+    fn from_u8(v: u8) -> Option<Abort> {
+        match v {
+            1 => Some(Abort::Timeout),
+            2 => Some(Abort::Memory),
+            3 => Some(Abort::Output),
+            _ => None,
+        }
+    }
+}
+
+/// State shared (on one thread, but through `'static` closures) by everything that can end a run.
+#[derive(Debug)]
+pub struct Flags {
+    epoch: Instant,
+    /// Nanoseconds after `epoch`; 0 means no deadline.
+    deadline_ns: AtomicU64,
+    abort: AtomicU8,
+    /// Set by the allocator on the first refused allocation.
+    pub oom: AtomicBool,
+    pub memory_limit: AtomicUsize,
+    /// Bytes the allocator has handed out and not taken back.
+    pub used: AtomicUsize,
+}
+
+impl Flags {
+    pub fn new(memory_limit: usize) -> Self {
+        Flags {
+            epoch: Instant::now(),
+            deadline_ns: AtomicU64::new(0),
+            abort: AtomicU8::new(0),
+            oom: AtomicBool::new(false),
+            memory_limit: AtomicUsize::new(memory_limit),
+            used: AtomicUsize::new(0),
+        }
+    }
+
+    /// Starts a new wall-clock slice of `ms` milliseconds from now.
+    pub fn set_deadline_in(&self, ms: f64) {
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        let slice = if ms.is_finite() && ms > 0.0 { (ms * 1e6) as u64 } else { 0 };
+        self.deadline_ns.store(now.saturating_add(slice).max(1), Ordering::Relaxed);
+    }
+
+    /// Records the first reason to stop; later reasons do not overwrite it.
+    pub fn abort(&self, why: Abort) {
+        let _ = self.abort.compare_exchange(0, why as u8, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    pub fn aborted(&self) -> Option<Abort> {
+        if self.oom.load(Ordering::Relaxed) {
+            self.abort(Abort::Memory);
+        }
+        Abort::from_u8(self.abort.load(Ordering::Relaxed))
+    }
+
+    /// The interrupt handler's question: must the guest stop now?
+    pub fn should_interrupt(&self) -> bool {
+        if self.aborted().is_some() {
+            return true;
+        }
+        let deadline = self.deadline_ns.load(Ordering::Relaxed);
+        if deadline != 0 && self.epoch.elapsed().as_nanos() as u64 >= deadline {
+            self.abort(Abort::Timeout);
+            return true;
+        }
+        false
+    }
+}

@@ -1,0 +1,312 @@
+// Trusted prelude: builds the guest API inside a fresh QuickJS context.
+//
+// Evaluated once per runtime before any guest code runs; its completion value is `install`,
+// which Rust calls with the host hooks. The hooks are captured in this closure and never
+// reach `globalThis`. Every intrinsic the API relies on is captured here too, so a guest
+// that later replaces `JSON.stringify`, `Array.prototype.map` or `Set.prototype.add` cannot
+// change what the bridge does.
+(function install(host) {
+  "use strict";
+  const G = globalThis;
+  const hostCall = host.call;
+  const hostEmit = host.emit;
+  const hostNow = host.now;
+
+  const ReflectApply = Reflect.apply;
+  const ReflectConstruct = Reflect.construct;
+  const ObjectKeys = Object.keys;
+  const ObjectFreeze = Object.freeze;
+  const ObjectDefineProperty = Object.defineProperty;
+  const ObjectCreate = Object.create;
+  const ObjectHasOwn = Object.hasOwn;
+  const ArrayIsArray = Array.isArray;
+  const ArrayPush = Array.prototype.push;
+  const ArrayJoin = Array.prototype.join;
+  const ArraySort = Array.prototype.sort;
+  const ArraySlice = Array.prototype.slice;
+  const JsonStringify = JSON.stringify;
+  const JsonParse = JSON.parse;
+  const NumberIsFinite = Number.isFinite;
+  const StringCtor = String;
+  const StringToLowerCase = String.prototype.toLowerCase;
+  const StringSplit = String.prototype.split;
+  const StringReplace = String.prototype.replace;
+  const StringSlice = String.prototype.slice;
+  const StringIncludes = String.prototype.includes;
+  const SymbolToString = Symbol.prototype.toString;
+  const SetCtor = Set;
+  const SetHas = Set.prototype.has;
+  const SetAdd = Set.prototype.add;
+  const SetDelete = Set.prototype.delete;
+  const ErrorCtor = Error;
+  const PromiseCtor = Promise;
+  const FunctionToString = Function.prototype.toString;
+  const RealDate = Date;
+  const MAX_DEPTH = 64;
+  const MAX_ERROR_CHARS = 4096;
+
+  function push(array, value) {
+    ReflectApply(ArrayPush, array, [value]);
+  }
+
+  // ---- JSON-safe adapter -------------------------------------------------------------------
+  // Values leaving the VM become JSON text. The fast path is the engine's own stringify; the
+  // slow path handles what JSON cannot: cycles, BigInt, functions, symbols, undefined at the
+  // top level. Guest getters, toJSON and Proxy traps run here, under the interrupt budget.
+  function safe(value, seen, depth) {
+    switch (typeof value) {
+      case "string":
+      case "boolean":
+        return value;
+      case "number":
+        return NumberIsFinite(value) ? value : null;
+      case "bigint":
+        return StringCtor(value);
+      case "undefined":
+        return undefined;
+      case "symbol":
+        return ReflectApply(SymbolToString, value, []);
+      case "function":
+        return "[Function: " + (typeof value.name === "string" && value.name ? value.name : "anonymous") + "]";
+    }
+    if (value === null) return null;
+    if (depth >= MAX_DEPTH) return "[MaxDepth]";
+    if (ReflectApply(SetHas, seen, [value])) return "[Circular]";
+    if (typeof value.toJSON === "function") {
+      return safe(value.toJSON(), seen, depth + 1);
+    }
+    if (value instanceof ErrorCtor) {
+      return { name: StringCtor(value.name), message: StringCtor(value.message) };
+    }
+    ReflectApply(SetAdd, seen, [value]);
+    let out;
+    if (ArrayIsArray(value)) {
+      out = [];
+      const n = value.length;
+      for (let i = 0; i < n; i++) {
+        const item = safe(value[i], seen, depth + 1);
+        push(out, item === undefined ? null : item);
+      }
+    } else {
+      out = {};
+      const keys = ObjectKeys(value);
+      for (let i = 0; i < keys.length; i++) {
+        const key = keys[i];
+        const item = safe(value[key], seen, depth + 1);
+        if (item !== undefined) ObjectDefineProperty(out, key, { value: item, enumerable: true, writable: true, configurable: true });
+      }
+    }
+    ReflectApply(SetDelete, seen, [value]);
+    return out;
+  }
+
+  /// JSON text for any guest value; `undefined` and functions at the top level do not vanish.
+  function toJson(value) {
+    if (value === undefined) return "null";
+    if (typeof value !== "function" && typeof value !== "symbol") {
+      try {
+        const text = JsonStringify(value);
+        if (text !== undefined) return text;
+      } catch (_) {
+        // cycles and BigInt: fall through to the walker
+      }
+    }
+    const text = JsonStringify(safe(value, new SetCtor(), 0));
+    return text === undefined ? "null" : text;
+  }
+
+  function display(value) {
+    return typeof value === "string" ? value : toJson(value);
+  }
+
+  // ---- output --------------------------------------------------------------------------------
+  function text(value) {
+    hostEmit(0, display(value));
+  }
+  function json(value) {
+    hostEmit(1, toJson(value));
+  }
+  function logger(kind) {
+    return function (...args) {
+      const parts = [];
+      for (let i = 0; i < args.length; i++) push(parts, display(args[i]));
+      hostEmit(kind, ReflectApply(ArrayJoin, parts, [" "]));
+    };
+  }
+  const console = ObjectFreeze({
+    log: logger(2),
+    info: logger(3),
+    debug: logger(2),
+    warn: logger(4),
+    error: logger(5),
+  });
+
+  // ---- tools ---------------------------------------------------------------------------------
+  let catalog = ObjectFreeze([]);
+
+  function callValue(id, input) {
+    if (typeof id !== "string") {
+      return PromiseCtor.reject(new ErrorCtor("tools.callValue(id, input): id must be a string"));
+    }
+    return hostCall(id, toJson(input === undefined ? {} : input));
+  }
+  async function call(id, input) {
+    const result = await callValue(id, input);
+    return { tool: id, result };
+  }
+
+  function tokens(textValue) {
+    const spaced = ReflectApply(StringReplace, StringCtor(textValue), [/([a-z0-9])([A-Z])/g, "$1 $2"]);
+    const lower = ReflectApply(StringToLowerCase, spaced, []);
+    const parts = ReflectApply(StringSplit, lower, [/[^a-z0-9]+/]);
+    const out = [];
+    for (let i = 0; i < parts.length; i++) {
+      let word = parts[i];
+      if (!word) continue;
+      if (word.length > 4 && ReflectApply(StringSlice, word, [-1]) === "s") word = ReflectApply(StringSlice, word, [0, -1]);
+      push(out, word);
+    }
+    return out;
+  }
+
+  /// Lexical catalog search: name hits weigh more than description hits; exact name first.
+  async function search(query, options) {
+    const q = StringCtor(query === undefined ? "" : query);
+    let limit = options && typeof options.limit === "number" ? options.limit : host.searchDefaultLimit;
+    limit = limit >= 1 ? (limit > host.maxSearchLimit ? host.maxSearchLimit : limit | 0) : 1;
+    const wanted = tokens(q);
+    const scored = [];
+    for (let i = 0; i < catalog.length; i++) {
+      const entry = catalog[i];
+      if (entry.name === q || entry.id === q) {
+        push(scored, { entry, score: 1e9, order: i });
+        continue;
+      }
+      const nameTokens = tokens(entry.name);
+      const descTokens = tokens(entry.description || "");
+      let score = 0;
+      for (let j = 0; j < wanted.length; j++) {
+        const w = wanted[j];
+        for (let k = 0; k < nameTokens.length; k++) if (nameTokens[k] === w) score += 3;
+        for (let k = 0; k < descTokens.length; k++) if (descTokens[k] === w) score += 1;
+      }
+      if (score > 0) push(scored, { entry, score, order: i });
+    }
+    ReflectApply(ArraySort, scored, [(a, b) => b.score - a.score || a.order - b.order]);
+    const out = [];
+    for (let i = 0; i < scored.length && i < limit; i++) push(out, scored[i].entry);
+    return out;
+  }
+
+  async function describe(id) {
+    for (let i = 0; i < catalog.length; i++) {
+      if (catalog[i].id === id || catalog[i].name === id) return catalog[i];
+    }
+    throw new ErrorCtor("unknown tool: " + StringCtor(id));
+  }
+
+  const RESERVED = new SetCtor(["search", "describe", "call", "callValue"]);
+  function safeName(name) {
+    let out = ReflectApply(StringReplace, StringCtor(name), [/[^A-Za-z0-9_$]/g, "_"]);
+    if (/^[0-9]/.test(out)) out = "_" + out;
+    return out;
+  }
+
+  function installCatalog(catalogJson) {
+    const entries = JsonParse(catalogJson);
+    const tools = ObjectCreate(null);
+    tools.search = search;
+    tools.describe = describe;
+    tools.call = call;
+    tools.callValue = callValue;
+    const counts = ObjectCreate(null);
+    for (let i = 0; i < entries.length; i++) {
+      const n = safeName(entries[i].name);
+      counts[n] = (counts[n] || 0) + 1;
+    }
+    for (let i = 0; i < entries.length; i++) {
+      const entry = ObjectFreeze(entries[i]);
+      const n = safeName(entry.name);
+      if (counts[n] === 1 && !ReflectApply(SetHas, RESERVED, [n])) {
+        const id = entry.id;
+        tools[n] = (input) => callValue(id, input);
+      }
+    }
+    catalog = ObjectFreeze(entries);
+    ObjectDefineProperty(G, "tools", { value: ObjectFreeze(tools), enumerable: false, configurable: true });
+    ObjectDefineProperty(G, "ALL_TOOLS", { value: catalog, enumerable: false, configurable: true });
+  }
+  installCatalog("[]");
+
+  // ---- determinism: seeded Math.random and a journaled clock ---------------------------------
+  let s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  function seed(hi, lo) {
+    s0 = hi | 0; s1 = lo | 0; s2 = (hi ^ 0x9e3779b9) | 0; s3 = (lo ^ 0x85ebca6b) | 0;
+    for (let i = 0; i < 12; i++) random();
+  }
+  // sfc32: small, fast, and good enough for guest code that wants variety, not secrets.
+  function random() {
+    const t = (((s0 + s1) | 0) + s3) | 0;
+    s3 = (s3 + 1) | 0;
+    s0 = s1 ^ (s1 >>> 9);
+    s1 = (s2 + (s2 << 3)) | 0;
+    s2 = (s2 << 21) | (s2 >>> 11);
+    s2 = (s2 + t) | 0;
+    return (t >>> 0) / 4294967296;
+  }
+  ObjectDefineProperty(Math, "random", { value: random, writable: true, configurable: true });
+
+  // `new Date()` and `Date.now()` read the journaled host clock; everything else is the real Date.
+  function GuestDate(...args) {
+    if (new.target === undefined) return ReflectApply(RealDate.prototype.toString, new RealDate(hostNow()), []);
+    return ReflectConstruct(RealDate, args.length === 0 ? [hostNow()] : args, new.target);
+  }
+  ObjectDefineProperty(GuestDate, "name", { value: "Date" });
+  ObjectDefineProperty(GuestDate, "prototype", { value: RealDate.prototype });
+  ObjectDefineProperty(RealDate.prototype, "constructor", { value: GuestDate, writable: true, configurable: true });
+  GuestDate.now = function now() { return hostNow(); };
+  GuestDate.parse = RealDate.parse;
+  GuestDate.UTC = RealDate.UTC;
+  ObjectDefineProperty(G, "Date", { value: GuestDate, writable: true, configurable: true });
+
+  // ---- what is never present -----------------------------------------------------------------
+  const absent = ["WeakRef", "FinalizationRegistry", "performance", "setTimeout", "setInterval", "require", "process"];
+  for (let i = 0; i < absent.length; i++) delete G[absent[i]];
+
+  ObjectDefineProperty(G, "text", { value: text, enumerable: false });
+  ObjectDefineProperty(G, "json", { value: json, enumerable: false });
+  ObjectDefineProperty(G, "console", { value: console, enumerable: false, writable: true, configurable: true });
+
+  // ---- internals handed back to Rust (never reachable from the guest) ------------------------
+  async function runCell(fn) {
+    const value = await fn();
+    return toJson(value);
+  }
+
+  function clip(s) {
+    s = StringCtor(s);
+    return s.length > MAX_ERROR_CHARS ? ReflectApply(StringSlice, s, [0, MAX_ERROR_CHARS]) + "…" : s;
+  }
+
+  function describeError(error) {
+    let name = "Error", message = "", stack = "";
+    try {
+      if (error instanceof ErrorCtor) {
+        name = clip(error.name);
+        message = clip(error.message);
+        stack = typeof error.stack === "string" ? clip(error.stack) : "";
+      } else {
+        message = clip(display(error));
+      }
+    } catch (_) {
+      message = "uncaught exception (its value could not be read)";
+    }
+    return [name, message, stack];
+  }
+
+  function makeError(message) {
+    return new ErrorCtor(StringCtor(message));
+  }
+
+  return { runCell, describeError, makeError, installCatalog, seed };
+})

@@ -1,0 +1,224 @@
+//! Behaviour of one run, driven as the worker drives it.
+
+use codemode_engine::{Engine, ErrorCode, Language, Limits, OutputKind, Settlement, Status};
+
+fn engine() -> Engine {
+    engine_with(Limits::default())
+}
+
+fn engine_with(limits: Limits) -> Engine {
+    match Engine::new(limits) {
+        Ok(e) => e,
+        Err(e) => panic!("engine: {e}"),
+    }
+}
+
+fn run(source: &str) -> Status {
+    engine().start(source, Language::JavaScript, 2000.0, 7).status
+}
+
+fn failure_code(status: &Status) -> Option<ErrorCode> {
+    match status {
+        Status::Failed(f) => f.code,
+        other => panic!("expected failure, got {other:?}"),
+    }
+}
+
+#[test]
+fn returns_json_value_of_the_cell() {
+    assert_eq!(run("return 1 + 1"), Status::Completed("2".into()));
+    assert_eq!(run("const a = await Promise.resolve({x: [1, 'two']}); return a"), Status::Completed(r#"{"x":[1,"two"]}"#.into()));
+}
+
+#[test]
+fn non_json_values_fall_back_to_json_safe_forms() {
+    assert_eq!(run("return undefined"), Status::Completed("null".into()));
+    assert_eq!(run("return function named() {}"), Status::Completed(r#""[Function: named]""#.into()));
+    assert_eq!(run("return 12n"), Status::Completed(r#""12""#.into()));
+    assert_eq!(run("const a = {n: 1}; a.self = a; return a"), Status::Completed(r#"{"n":1,"self":"[Circular]"}"#.into()));
+    assert_eq!(run("return [NaN, Infinity]"), Status::Completed("[null,null]".into()));
+}
+
+#[test]
+fn uncaught_guest_error_is_a_failure_without_code() {
+    match run("throw new TypeError('boom')") {
+        Status::Failed(f) => {
+            assert_eq!(f.code, None);
+            assert_eq!(f.name, "TypeError");
+            assert_eq!(f.message, "boom");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn tool_calls_are_reported_and_settled() {
+    let mut e = engine();
+    let out = e.start(
+        "const [a, b] = await Promise.all([tools.callValue('t:a', {n: 1}), tools.callValue('t:b', {n: 2})]); return a + b",
+        Language::JavaScript,
+        2000.0,
+        1,
+    );
+    assert_eq!(out.status, Status::Pending);
+    assert_eq!(out.calls.len(), 2);
+    assert_eq!(out.calls[0].tool, "t:a");
+    assert_eq!(out.calls[0].input_json, r#"{"n":1}"#);
+    let first = e.settle(vec![Settlement { id: out.calls[0].id, ok: true, payload: "40".into() }], 2000.0);
+    assert_eq!(first.status, Status::Pending);
+    assert_eq!(first.in_flight, 1);
+    let done = e.settle(vec![Settlement { id: out.calls[1].id, ok: true, payload: "2".into() }], 2000.0);
+    assert_eq!(done.status, Status::Completed("42".into()));
+}
+
+#[test]
+fn tool_error_is_a_catchable_plain_error() {
+    let mut e = engine();
+    let out = e.start(
+        "try { await tools.callValue('t:x', {}) } catch (err) { return [err instanceof Error, err.message] }",
+        Language::JavaScript,
+        2000.0,
+        1,
+    );
+    let id = out.calls[0].id;
+    let done = e.settle(vec![Settlement { id, ok: false, payload: "tool t:x failed: nope".into() }], 2000.0);
+    assert_eq!(done.status, Status::Completed(r#"[true,"tool t:x failed: nope"]"#.into()));
+}
+
+#[test]
+fn too_many_pending_calls_reject() {
+    let limits = Limits { max_pending_calls: 2, ..Limits::default() };
+    let mut e = engine_with(limits);
+    let out = e.start(
+        "const ps = [1,2,3].map(i => tools.callValue('t', {i}).catch(e => e.message)); return 0",
+        Language::JavaScript,
+        2000.0,
+        1,
+    );
+    assert_eq!(out.calls.len(), 2);
+}
+
+#[test]
+fn infinite_loops_are_interrupted() {
+    for src in [
+        "while (true) {}",
+        "await null; while (true) {}",
+        "try { while (true) {} } catch (e) { return 'caught' }",
+        "try { throw 1 } finally { while (true) {} }",
+        "Promise.resolve().then(() => { for (;;) {} }); await new Promise(r => Promise.resolve().then(r)); while(true){}",
+    ] {
+        let status = engine().start(src, Language::JavaScript, 100.0, 1).status;
+        assert_eq!(failure_code(&status), Some(ErrorCode::Timeout), "{src}");
+    }
+}
+
+#[test]
+fn memory_bombs_end_the_run_even_when_caught() {
+    let limits = Limits { memory_bytes: 8 << 20, ..Limits::default() };
+    for src in [
+        "const a = []; while (true) a.push({x: a.length, y: 'z'.repeat(10)})",
+        "let s = 'x'; while (true) s = s.repeat(2)",
+        "try { let s = 'x'; while (true) s = s.repeat(2) } catch (e) { return 'swallowed' }",
+        "const root = {}; let n = root; while (true) { n.next = {a: [1, 2, 3], b: {}}; n = n.next }",
+    ] {
+        let status = engine_with(limits).start(src, Language::JavaScript, 5000.0, 1).status;
+        assert_eq!(failure_code(&status), Some(ErrorCode::MemoryLimitExceeded), "{src}");
+    }
+}
+
+#[test]
+fn rope_string_doubling_fails_clearly() {
+    match run("let s = 'x'; while (true) s += s") {
+        Status::Failed(f) => assert!(f.message == "string too long" || f.code == Some(ErrorCode::MemoryLimitExceeded), "{f:?}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn output_flood_is_cut() {
+    let limits = Limits { max_output_bytes: 1024, ..Limits::default() };
+    let status = engine_with(limits)
+        .start("try { while (true) text('xxxxxxxx') } catch (e) { return 'swallowed' }", Language::JavaScript, 2000.0, 1)
+        .status;
+    assert_eq!(failure_code(&status), Some(ErrorCode::OutputLimitExceeded));
+    let status = engine_with(limits).start("return 'y'.repeat(5000)", Language::JavaScript, 2000.0, 1).status;
+    assert_eq!(failure_code(&status), Some(ErrorCode::OutputLimitExceeded));
+}
+
+#[test]
+fn outputs_keep_call_order() {
+    let out = engine().start("text('a'); json({b: 1}); console.warn('c', 2); return null", Language::JavaScript, 2000.0, 1);
+    let kinds: Vec<_> = out.outputs.iter().map(|o| (o.kind, o.text.as_str())).collect();
+    assert_eq!(kinds, vec![(OutputKind::Text, "a"), (OutputKind::Json, r#"{"b":1}"#), (OutputKind::Warn, "c 2")]);
+}
+
+#[test]
+fn a_promise_nothing_settles_is_reported_as_deadlock() {
+    match run("await new Promise(() => {})") {
+        Status::Failed(f) => {
+            assert_eq!(f.code, Some(ErrorCode::Timeout));
+            assert_eq!(f.name, "DeadlockError");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn unbounded_recursion_is_a_range_error() {
+    match run("function f() { return f() + 1 } return f()") {
+        Status::Failed(f) => assert_eq!(f.name, "RangeError"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn module_access_and_syntax_errors_are_invalid_input() {
+    for src in ["import fs from 'fs'", "return require('fs')", "await import('x')", "return 1 +"] {
+        assert_eq!(failure_code(&run(src)), Some(ErrorCode::InvalidInput), "{src}");
+    }
+}
+
+#[test]
+fn host_globals_do_not_exist() {
+    assert_eq!(
+        run("return [typeof process, typeof require, typeof fetch, typeof WeakRef, typeof FinalizationRegistry, typeof setTimeout]"),
+        Status::Completed(r#"["undefined","undefined","undefined","undefined","undefined","undefined"]"#.into())
+    );
+}
+
+#[test]
+fn random_is_seeded_and_clock_replays() {
+    let a = engine().start("return [Math.random(), Math.random()]", Language::JavaScript, 2000.0, 99).status;
+    let b = engine().start("return [Math.random(), Math.random()]", Language::JavaScript, 2000.0, 99).status;
+    let c = engine().start("return [Math.random(), Math.random()]", Language::JavaScript, 2000.0, 100).status;
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+    let mut e = engine();
+    e.replay_clock(&[1000.0, 2000.0]);
+    let out = e.start("return [Date.now(), new Date().getTime(), new Date(5).getTime()]", Language::JavaScript, 2000.0, 1);
+    assert_eq!(out.status, Status::Completed("[1000,2000,5]".into()));
+    assert_eq!(out.clock_reads, vec![1000.0, 2000.0]);
+}
+
+#[test]
+fn typescript_cells_run() {
+    let status = engine()
+        .start("interface P { x: number }\nconst p: P = { x: 41 };\nreturn (p.x as number) + 1;", Language::TypeScript, 2000.0, 1)
+        .status;
+    assert_eq!(status, Status::Completed("42".into()));
+}
+
+#[test]
+fn build_cost_is_printed() {
+    let t = std::time::Instant::now();
+    for _ in 0..50 {
+        drop(engine());
+    }
+    println!("engine new+drop: {:?} each", t.elapsed() / 50);
+    let mut engines: Vec<_> = (0..50).map(|_| engine()).collect();
+    let t = std::time::Instant::now();
+    for e in engines.iter_mut() {
+        let _ = e.start("return 1 + 1", Language::JavaScript, 1000.0, 1);
+    }
+    println!("start trivial: {:?} each", t.elapsed() / 50);
+}

@@ -1,0 +1,114 @@
+//! Thin PyO3 wrapper: `codemode._engine.Engine` for the worker process.
+//!
+//! Only argument conversion lives here. Outcomes cross as plain tuples so the worker can put
+//! them into protocol frames without another layer of objects. The engine is not `Send`, and
+//! the worker is single-threaded, so there is no `detach`: no other Python thread could run.
+
+mod errors;
+
+use codemode_engine::{Engine as Inner, Language, Limits, Outcome, Settlement, Status};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+/// (code, name, message, stack)
+type PyFailure = (Option<&'static str>, String, String, String);
+/// (status, value_json, failure, outputs, calls, clock_reads, in_flight, memory_bytes)
+type PyOutcome = (
+    &'static str,
+    Option<String>,
+    Option<PyFailure>,
+    Vec<(u8, String)>,
+    Vec<(u32, String, String)>,
+    Vec<f64>,
+    usize,
+    usize,
+);
+
+fn convert(outcome: Outcome) -> PyOutcome {
+    let (status, value, failure) = match outcome.status {
+        Status::Completed(json) => ("completed", Some(json), None),
+        Status::Pending => ("pending", None, None),
+        Status::Failed(f) => ("failed", None, Some((f.code.map(|c| c.as_str()), f.name, f.message, f.stack))),
+    };
+    (
+        status,
+        value,
+        failure,
+        outcome.outputs.into_iter().map(|o| (o.kind as u8, o.text)).collect(),
+        outcome.calls.into_iter().map(|c| (c.id, c.tool, c.input_json)).collect(),
+        outcome.clock_reads,
+        outcome.in_flight,
+        outcome.memory_bytes,
+    )
+}
+
+/// One sandboxed run. Build it before the cell arrives; `start` once; `settle` as results come.
+#[pyclass(unsendable, module = "codemode._engine")]
+struct Engine {
+    inner: Inner,
+}
+
+#[pymethods]
+impl Engine {
+    #[new]
+    #[pyo3(signature = (*, memory_limit_bytes, max_output_bytes, max_pending_calls, stack_bytes = 1 << 20, max_bridge_bytes = 16 << 20, search_default_limit = 8, max_search_limit = 50))]
+    fn new(
+        memory_limit_bytes: usize,
+        max_output_bytes: usize,
+        max_pending_calls: usize,
+        stack_bytes: usize,
+        max_bridge_bytes: usize,
+        search_default_limit: usize,
+        max_search_limit: usize,
+    ) -> PyResult<Self> {
+        let limits = Limits {
+            memory_bytes: memory_limit_bytes,
+            stack_bytes,
+            max_output_bytes,
+            max_pending_calls,
+            max_bridge_bytes,
+            search_default_limit,
+            max_search_limit,
+        };
+        Inner::new(limits).map(|inner| Engine { inner }).map_err(errors::init_error)
+    }
+
+    /// Installs `ALL_TOOLS` and `tools.*` from a JSON array of catalog entries.
+    fn install_catalog(&mut self, entries_json: &str) -> PyResult<()> {
+        self.inner.install_catalog(entries_json).map_err(errors::init_error)
+    }
+
+    /// Runs the cell until it completes, fails, or waits on tool calls.
+    fn start(&mut self, source: &str, language: &str, timeout_ms: f64, seed: u64) -> PyResult<PyOutcome> {
+        let language = match language {
+            "javascript" => Language::JavaScript,
+            "typescript" => Language::TypeScript,
+            other => return Err(PyValueError::new_err(format!("unknown language: {other:?}"))),
+        };
+        Ok(convert(self.inner.start(source, language, timeout_ms, seed)))
+    }
+
+    /// Delivers `(call_id, ok, payload)` results (payload: JSON value, or an error message).
+    fn settle(&mut self, results: Vec<(u32, bool, String)>, timeout_ms: f64) -> PyOutcome {
+        let settlements = results.into_iter().map(|(id, ok, payload)| Settlement { id, ok, payload }).collect();
+        convert(self.inner.settle(settlements, timeout_ms))
+    }
+
+    /// Serves these clock readings before the real clock (journal replay).
+    fn replay_clock(&mut self, readings: Vec<f64>) {
+        self.inner.replay_clock(&readings);
+    }
+
+    /// Bytes the QuickJS heap holds now.
+    fn memory_bytes(&self) -> usize {
+        self.inner.memory_bytes()
+    }
+}
+
+#[pymodule]
+fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Engine>()?;
+    m.add("EngineInitError", m.py().get_type::<errors::EngineInitError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
