@@ -1,0 +1,74 @@
+"""The ``codemode`` command: run a cell file against tools from a Python module.
+
+    codemode exec cell.ts --tools myapp.tools:register
+    codemode exec cell.js --demo
+
+``--tools module:attr`` names either a callable taking the ``CodeMode`` (it registers tools)
+or an iterable of functions (each becomes a tool).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .session import CodeMode
+
+__all__ = ["main"]
+
+
+def _load_tools(cm: CodeMode, spec: str) -> None:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise SystemExit(f"--tools expects module:attr, got {spec!r}")
+    target: Any = getattr(importlib.import_module(module_name), attr)
+    if callable(target) and not isinstance(target, type):
+        try:
+            iterable = iter(target)
+        except TypeError:
+            target(cm)
+            return
+        for fn in iterable:
+            cm.add_tool(fn)
+        return
+    for fn in target:
+        cm.add_tool(fn)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="codemode", description="Run code mode cells.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("exec", help="run one JavaScript or TypeScript cell and print the JSON result")
+    run.add_argument("file", type=Path, help="a .js or .ts file (- for stdin, JavaScript)")
+    run.add_argument("--tools", action="append", default=[], metavar="MODULE:ATTR", help="register tools")
+    run.add_argument("--demo", action="store_true", help="register the built-in demo catalog")
+    run.add_argument("--timeout-ms", type=int, default=None)
+    args = parser.parse_args(argv)
+
+    if str(args.file) == "-":
+        source, language = sys.stdin.read(), "javascript"
+    else:
+        source = args.file.read_text()
+        language = "typescript" if args.file.suffix in (".ts", ".mts", ".cts") else "javascript"
+    config: dict[str, Any] = {"enabled": True}
+    if args.timeout_ms is not None:
+        config["timeoutMs"] = args.timeout_ms
+    with CodeMode(config) as cm:
+        if args.demo:
+            from .demo import register_demo_tools
+
+            register_demo_tools(cm)
+        for spec in args.tools:
+            _load_tools(cm, spec)
+        result = cm.session("cli").exec({"code": source, "language": language})
+    print(json.dumps(result, indent=2))
+    return 0 if result["status"] == "completed" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
