@@ -5,38 +5,62 @@
         def add(a: int, b: int) -> int:
             return a + b
         print(cm.session().exec({"code": "return await tools.add({a: 1, b: 2})"}))
+
+The public names load on first use: a worker process imports ``codemode._worker`` through this
+package and should not pay for the host's modules (asyncio, the supervisor) at every spawn.
 """
 
-from .config import CodeModeConfig, load_config
-from .errors import (
-    ClosedError,
-    CodemodeError,
-    ConfigError,
-    ProtocolError,
-    ToolDefinitionError,
-    WorkerCrashed,
-    WorkerUnavailable,
-)
-from .session import CodeMode, Completed, Failed, JsonOutput, Result, Session, Telemetry, TextOutput
-from .tools import Tool
+from __future__ import annotations
 
-__all__ = [
-    "ClosedError",
-    "CodeMode",
-    "CodeModeConfig",
-    "CodemodeError",
-    "Completed",
-    "ConfigError",
-    "Failed",
-    "JsonOutput",
-    "ProtocolError",
-    "Result",
-    "Session",
-    "Telemetry",
-    "TextOutput",
-    "Tool",
-    "ToolDefinitionError",
-    "WorkerCrashed",
-    "WorkerUnavailable",
-    "load_config",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import CodeModeConfig, load_config
+    from .errors import (
+        ClosedError,
+        CodemodeError,
+        ConfigError,
+        ProtocolError,
+        ToolDefinitionError,
+        WorkerCrashed,
+        WorkerUnavailable,
+    )
+    from .session import CodeMode, Completed, Failed, JsonOutput, Result, Session, Telemetry, TextOutput
+    from .tools import Tool
+
+_HOME = {
+    "CodeModeConfig": "config",
+    "load_config": "config",
+    "ClosedError": "errors",
+    "CodemodeError": "errors",
+    "ConfigError": "errors",
+    "ProtocolError": "errors",
+    "ToolDefinitionError": "errors",
+    "WorkerCrashed": "errors",
+    "WorkerUnavailable": "errors",
+    "CodeMode": "session",
+    "Completed": "session",
+    "Failed": "session",
+    "JsonOutput": "session",
+    "Result": "session",
+    "Session": "session",
+    "Telemetry": "session",
+    "TextOutput": "session",
+    "Tool": "tools",
+}
+
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'codemode' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -210,6 +210,11 @@ class Supervisor:
                     raise ClosedError("this CodeMode is closed")
                 if self._idle:
                     worker = self._idle.popleft()
+                    if worker.proc.poll() is not None:
+                        # Died while idle (killed from outside, RLIMIT_CPU): replace it quietly.
+                        worker.close_pipes()
+                        self._spawn_locked()
+                        continue
                     self._busy.add(worker)
                     return worker
                 if len(self._busy) < self._size:
@@ -262,20 +267,13 @@ class Supervisor:
         dispatcher: Dispatcher,
     ) -> RunOutcome:
         deadline = time.monotonic() + timeout_ms / 1000.0
-        worker = self._acquire()
         run_id = next(self._run_ids)
         outcome = RunOutcome(status="failed")
+        worker = self._start(configure, Start(run_id, source, language, float(timeout_ms), seed), outcome)
+        if worker is None:
+            return outcome
         discard = False
         try:
-            if not worker.ready:
-                ready = worker.recv(time.monotonic() + SPAWN_TIMEOUT_S)
-                if not isinstance(ready, Ready):
-                    raise ProtocolError(f"worker {worker.pid} did not introduce itself")
-                worker.ready = True
-            if worker.configured is not configure:
-                worker.send(configure)
-                worker.configured = configure
-            worker.send(Start(run_id, source, language, float(timeout_ms), seed))
             self._drive(worker, run_id, deadline, dispatcher, outcome)
         except Deadline:
             # The guest is still running past deadline + grace: only a kill stops it.
@@ -295,6 +293,32 @@ class Supervisor:
                 dispatcher.cancel()
             self._release(worker, discard=discard)
         return outcome
+
+    def _start(self, configure: Configure, start: Start, outcome: RunOutcome) -> WorkerProcess | None:
+        """Hands the cell to a live worker. A worker found dead before it took the cell is
+        replaced and the cell goes to the next one; the guest did nothing wrong."""
+        for attempt in range(2):
+            worker = self._acquire()
+            try:
+                if not worker.ready:
+                    ready = worker.recv(time.monotonic() + SPAWN_TIMEOUT_S)
+                    if not isinstance(ready, Ready):
+                        raise ProtocolError(f"worker {worker.pid} did not introduce itself")
+                    worker.ready = True
+                if worker.configured is not configure:
+                    worker.send(configure)
+                    worker.configured = configure
+                worker.send(start)
+                return worker
+            except (WorkerCrashed, ProtocolError, Deadline) as e:
+                self._release(worker, discard=True)
+                if attempt == 1 or isinstance(e, Deadline):
+                    reason = str(e) or "the worker did not start in time"
+                    outcome.failure = _failed(
+                        "runtime_unavailable", "WorkerUnavailable", f"code mode runtime is unavailable: {reason}"
+                    )
+                    return None
+        return None
 
     def _drive(
         self, worker: WorkerProcess, run_id: int, deadline: float, dispatcher: Dispatcher, outcome: RunOutcome
