@@ -172,6 +172,7 @@ class RunOutcome(msgspec.Struct):
     outputs: list[tuple[int, str]] = msgspec.field(default_factory=list)
     tool_calls: int = 0
     memory_bytes: int = 0
+    reports: int = 0
 
 
 def _failed(code: str, name: str, message: str) -> tuple[str | None, str, str, str]:
@@ -268,13 +269,25 @@ class Supervisor:
     ) -> RunOutcome:
         deadline = time.monotonic() + timeout_ms / 1000.0
         run_id = next(self._run_ids)
+        start = Start(run_id, source, language, float(timeout_ms), seed)
         outcome = RunOutcome(status="failed")
-        worker = self._start(configure, Start(run_id, source, language, float(timeout_ms), seed), outcome)
+        worker = self._start(configure, start, outcome)
         if worker is None:
             return outcome
         discard = False
         try:
-            self._drive(worker, run_id, deadline, dispatcher, outcome)
+            try:
+                self._drive(worker, run_id, deadline, dispatcher, outcome)
+            except WorkerCrashed:
+                if outcome.reports:
+                    raise
+                # Dead before it said anything: most likely killed while idle, before it read
+                # the cell (a kill is not visible to `poll()` at once). One more worker tries.
+                self._release(worker, discard=True)
+                worker = self._start(configure, start, outcome)
+                if worker is None:
+                    return outcome
+                self._drive(worker, run_id, deadline, dispatcher, outcome)
         except Deadline:
             # The guest is still running past deadline + grace: only a kill stops it.
             discard = True
@@ -329,6 +342,7 @@ class Supervisor:
                 raise WorkerUnavailable(f"code mode runtime is unavailable: {frame.message}")
             if not isinstance(frame, Report) or frame.run != run_id:
                 raise ProtocolError(f"worker {worker.pid} answered out of order")
+            outcome.reports += 1
             outcome.outputs.extend(frame.outputs)
             outcome.memory_bytes = frame.memory_bytes
             if frame.status == "completed":

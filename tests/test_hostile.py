@@ -1,0 +1,294 @@
+"""Hostile cells: each must end in a clear failed result, and the same CodeMode must keep working."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from codemode import CodeMode
+
+TIMEOUT_MS = 300
+MEMORY_LIMIT = 16 << 20
+MODULE_ACCESS = "code mode module access is disabled."
+
+
+@pytest.fixture(scope="module")
+def hcm():
+    config = {"workers": 2, "timeoutMs": TIMEOUT_MS, "memoryLimitBytes": MEMORY_LIMIT, "maxOutputBytes": 4096}
+    with CodeMode(config) as cm:
+
+        @cm.tool
+        def ping() -> str:
+            return "pong"
+
+        yield cm
+
+
+@pytest.fixture
+def hs(hcm):
+    return hcm.session("hostile")
+
+
+def run(session, code, language="javascript"):
+    return session.exec({"code": code, "language": language})
+
+
+def assert_failed(result, code):
+    assert result["status"] == "failed", result
+    assert result.get("code") == code, result
+
+
+# ---- runaway loops (the in-VM interrupt) -----------------------------------------------------------
+
+LOOPS = {
+    "plain": "while (true) {}",
+    "promise_job": "await Promise.resolve().then(() => { for (;;) {} })",
+    "catch": "try { throw new Error('x') } catch (e) { for (;;) {} }",
+    "finally": "try { } finally { for (;;) {} }",
+    "after_await": "await null; for (;;) {}",
+    "after_tool_await": "await tools.ping(); for (;;) {}",
+    "catch_swallows_interrupt": "for (;;) { try { while (true) {} } catch (e) {} }",
+}
+
+
+@pytest.mark.parametrize("code", LOOPS.values(), ids=LOOPS.keys())
+def test_infinite_loop_times_out(hs, code):
+    result = run(hs, code)
+    assert_failed(result, "timeout")
+    assert "timed out" in result["error"]
+
+
+@pytest.mark.parametrize("code", LOOPS.values(), ids=LOOPS.keys())
+def test_exec_after_infinite_loop_succeeds(hs, assert_recovers, code):
+    run(hs, code)
+    assert_recovers(hs)
+
+
+# ---- builtins that never poll the interrupt: the supervisor's SIGKILL ------------------------------
+
+HUGE_ARRAY_LIKES = {
+    "reverse": "Array.prototype.reverse.call({length: 2 ** 32 - 1})",
+    "sort": "Array.prototype.sort.call({length: 2 ** 32 - 1})",
+    "join": "Array.prototype.join.call({length: 2 ** 32 - 1}, '')",
+}
+
+
+@pytest.mark.parametrize("code", HUGE_ARRAY_LIKES.values(), ids=HUGE_ARRAY_LIKES.keys())
+def test_huge_array_like_builtin_is_killed_by_supervisor(hcm, hs, code):
+    killed = hcm._supervisor.killed
+    result = run(hs, code)
+    assert_failed(result, "timeout")
+    assert hcm._supervisor.killed > killed
+
+
+@pytest.mark.parametrize("code", HUGE_ARRAY_LIKES.values(), ids=HUGE_ARRAY_LIKES.keys())
+def test_exec_after_supervisor_kill_succeeds(hs, assert_recovers, code):
+    assert run(hs, code)["code"] == "timeout"
+    assert_recovers(hs)
+
+
+# ---- memory bombs --------------------------------------------------------------------------------
+
+MEMORY_BOMBS = {
+    "array_growth": "const a = []; for (;;) a.push({i: a.length})",
+    "string_doubling": "let s = 'x'; for (;;) s = s.repeat(2)",
+    "object_graph": "let head = null; for (;;) head = {next: head, pad: [1, 2, 3]}",
+    "wide_object": "const o = {}; for (let i = 0; ; i++) o['k' + i] = {i}",
+}
+
+
+@pytest.mark.parametrize("code", MEMORY_BOMBS.values(), ids=MEMORY_BOMBS.keys())
+def test_memory_bomb_fails_with_memory_limit_exceeded(hs, code):
+    result = run(hs, code)
+    assert_failed(result, "memory_limit_exceeded")
+    assert "memory limit" in result["error"]
+
+
+@pytest.mark.parametrize("code", MEMORY_BOMBS.values(), ids=MEMORY_BOMBS.keys())
+def test_memory_bomb_caught_by_guest_still_fails(hs, code):
+    result = run(hs, "try { " + code + " } catch (e) { return 'survived: ' + e }")
+    assert_failed(result, "memory_limit_exceeded")
+
+
+def test_memory_bomb_retried_in_loop_still_fails(hs):
+    code = "const keep = []; for (;;) { try { for (;;) keep.push('x'.repeat(1000) + keep.length) } catch (e) {} }"
+    assert_failed(run(hs, code), "memory_limit_exceeded")
+
+
+@pytest.mark.parametrize("code", MEMORY_BOMBS.values(), ids=MEMORY_BOMBS.keys())
+def test_exec_after_memory_bomb_succeeds(hs, assert_recovers, code):
+    run(hs, code)
+    assert_recovers(hs)
+
+
+# ---- stack, output, deadlock ---------------------------------------------------------------------
+
+
+def test_unbounded_recursion_fails_with_range_error(hs):
+    result = run(hs, "function f() { return f() + 1 } return f()")
+    assert result["status"] == "failed"
+    assert result["error"].startswith("RangeError")
+
+
+def test_exec_after_unbounded_recursion_succeeds(hs, assert_recovers):
+    run(hs, "function f() { return f() + 1 } return f()")
+    assert_recovers(hs)
+
+
+def test_output_flood_fails_with_output_limit_exceeded(hs):
+    result = run(hs, "for (;;) console.log('x'.repeat(100))")
+    assert_failed(result, "output_limit_exceeded")
+
+
+def test_output_flood_caught_by_guest_still_fails(hs):
+    result = run(hs, "try { for (;;) text('y'.repeat(100)) } catch (e) { return 'survived' }")
+    assert_failed(result, "output_limit_exceeded")
+
+
+def test_output_flood_keeps_output_within_limit(hs):
+    result = run(hs, "for (;;) console.log('x'.repeat(100))")
+    assert sum(len(o["text"].encode()) for o in result.get("output", [])) <= 4096
+
+
+def test_oversized_final_value_fails_with_output_limit_exceeded(hs):
+    assert_failed(run(hs, "return 'z'.repeat(10000)"), "output_limit_exceeded")
+
+
+def test_exec_after_output_flood_succeeds(hs, assert_recovers):
+    run(hs, "for (;;) console.log('x'.repeat(100))")
+    assert_recovers(hs)
+
+
+def test_never_settling_promise_fails_as_deadlock(hs):
+    result = run(hs, "await new Promise(() => {})")
+    assert_failed(result, "timeout")
+    assert "can never finish" in result["error"]
+
+
+def test_exec_after_never_settling_promise_succeeds(hs, assert_recovers):
+    run(hs, "await new Promise(() => {})")
+    assert_recovers(hs)
+
+
+# ---- input the frontend refuses --------------------------------------------------------------------
+
+
+def test_syntax_error_is_invalid_input_with_line(hs):
+    result = run(hs, "const a = 1;\nconst b = ;")
+    assert_failed(result, "invalid_input")
+    assert "line 2:" in result["error"]
+
+
+MODULE_CELLS = {
+    "static_import": "import fs from 'fs'",
+    "require": "const fs = require('fs'); return 1",
+    "dynamic_import": "const m = await import('fs'); return m",
+    "export": "export const a = 1",
+}
+
+
+@pytest.mark.parametrize("code", MODULE_CELLS.values(), ids=MODULE_CELLS.keys())
+def test_module_access_is_invalid_input(hs, code):
+    result = run(hs, code)
+    assert_failed(result, "invalid_input")
+    assert MODULE_ACCESS in result["error"]
+
+
+def test_module_access_in_typescript_is_invalid_input(hs):
+    result = run(hs, "import { a } from 'a';\nconst x: number = 1; return x", "typescript")
+    assert_failed(result, "invalid_input")
+    assert MODULE_ACCESS in result["error"]
+
+
+def test_dynamic_import_hidden_in_eval_cannot_load_a_module(hs):
+    result = run(hs, "const m = await eval('import(\"fs\")'); return Object.keys(m)")
+    assert result["status"] == "failed", result
+
+
+@pytest.mark.parametrize(
+    "name", ["process", "require", "fetch", "setTimeout", "setInterval", "WeakRef", "FinalizationRegistry"]
+)
+def test_host_global_is_undefined(hs, name):
+    assert run(hs, f"return typeof {name}")["value"] == "undefined"
+
+
+def test_exec_after_rejected_input_succeeds(hs, assert_recovers):
+    run(hs, "import fs from 'fs'")
+    assert_recovers(hs)
+
+
+# ---- workers killed from outside --------------------------------------------------------------------
+
+
+def _wait_dead(pid: int) -> None:
+    """Until the killed worker is a zombie (or gone), so the pool cannot race the signal."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"worker {pid} survived SIGKILL")
+
+
+def _add_killer(cm):
+    @cm.tool
+    def kill_workers() -> int:
+        pids = cm._supervisor.worker_pids()
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        return len(pids)
+
+
+def test_worker_sigkilled_mid_run_fails_with_internal_error(make_codemode):
+    cm = make_codemode({"workers": 1, "timeoutMs": 5000})
+    _add_killer(cm)
+    result = cm.session().exec({"code": "return await tools.kill_workers()"})
+    assert_failed(result, "internal_error")
+    assert "SIGKILL" in result["error"]
+
+
+def test_exec_after_worker_sigkilled_mid_run_succeeds(make_codemode, assert_recovers):
+    cm = make_codemode({"workers": 1, "timeoutMs": 5000})
+    _add_killer(cm)
+    session = cm.session()
+    assert session.exec({"code": "return await tools.kill_workers()"})["code"] == "internal_error"
+    assert_recovers(session)
+
+
+def test_exec_after_every_pool_worker_sigkilled_mid_run_succeeds(make_codemode, assert_recovers):
+    cm = make_codemode({"workers": 2, "timeoutMs": 5000})
+    _add_killer(cm)
+    session = cm.session()
+    assert session.exec({"code": "return await tools.kill_workers()"})["code"] == "internal_error"
+    assert_recovers(session)
+
+
+def test_idle_worker_killed_from_outside_does_not_fail_next_exec(make_codemode, assert_recovers):
+    cm = make_codemode({"workers": 1, "timeoutMs": 5000})
+    session = cm.session()
+    assert_recovers(session)
+    for pid in cm._supervisor.worker_pids():
+        os.kill(pid, signal.SIGKILL)
+        _wait_dead(pid)
+    assert_recovers(session)
+
+
+def test_exec_after_pool_wide_sigkill_succeeds_every_time(make_codemode):
+    """The idle worker killed alongside the busy one may not have exited yet when the next cell
+    is handed to it; that cell must still run (on a replacement), never fail as a crash."""
+    cm = make_codemode({"workers": 2, "timeoutMs": 5000})
+    _add_killer(cm)
+    session = cm.session()
+    failures = []
+    for _ in range(40):
+        assert session.exec({"code": "return await tools.kill_workers()"})["status"] == "failed"
+        result = session.exec({"code": "return 1"})
+        if result["status"] != "completed":
+            failures.append(result["error"])
+    assert failures == []
