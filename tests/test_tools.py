@@ -250,15 +250,18 @@ def test_max_pending_tool_calls_allows_exactly_the_limit(ts):
     assert run(ts, code)["value"] == MAX_PENDING
 
 
-def test_hanging_tool_times_out_the_run(ts):
+def test_hanging_tool_suspends_the_run_at_the_deadline(ts):
     result = run(ts, "return await tools.hang()")
-    assert result["status"] == "failed"
-    assert result["code"] == "timeout"
-    assert "tool call" in result["error"]
+    assert result["status"] == "waiting"
+    assert result["reason"] == "pending_tools"
+    assert [c["toolId"] for c in result["pendingToolCalls"]] == ["host:core:hang"]
+    assert ts.cancel(result["runId"]) is True
 
 
 def test_exec_after_hanging_tool_succeeds(ts, assert_recovers):
-    assert run(ts, "return await tools.hang()")["code"] == "timeout"
+    waiting = run(ts, "return await tools.hang()")
+    assert waiting["status"] == "waiting"
+    ts.cancel(waiting["runId"])
     assert_recovers(ts)
     assert run(ts, "return await tools.add({a: 1, b: 1})")["value"] == 2
 

@@ -15,7 +15,7 @@ import sys
 
 from . import protocol
 from ._engine import Engine, EngineInitError, __version__
-from .protocol import Configure, Drop, Fault, Ready, Report, Settle, Start
+from .protocol import Configure, Drop, Fault, Ready, Replay, Report, Settle, Start
 
 
 #: After its idle work, a worker polls its pipe this long before it blocks: a cell that follows
@@ -79,6 +79,8 @@ class Worker:
             if outcome[0] != "pending":
                 self.retired = self.resident.pop(frame.run)
             return _report(frame.run, outcome)
+        if isinstance(frame, Replay):
+            return self.replay(frame)
         if isinstance(frame, Drop):
             self.resident.pop(frame.run, None)
             return None
@@ -87,6 +89,29 @@ class Worker:
             self.spare = None
             return None
         raise TypeError(f"unexpected frame {type(frame).__name__}")
+
+    def replay(self, frame: Replay) -> Report | Fault:
+        start = frame.start
+        engine, self.spare = self.spare, None
+        try:
+            if engine is None:
+                engine = self.build()
+        except EngineInitError as e:
+            return Fault(start.run, str(e))
+        engine.replay_clock(frame.clock_reads)
+        outcome = engine.start(start.source, start.language, start.timeout_ms, start.seed)
+        calls = list(outcome[4])
+        for batch in frame.batches:
+            if outcome[0] != "pending":
+                break
+            outcome = engine.settle(batch, start.timeout_ms)
+            calls.extend(outcome[4])
+        status, value, failure, _outputs, _calls, _clock, in_flight, memory = outcome
+        if status == "pending":
+            self.resident[start.run] = engine
+        else:
+            self.retired = engine
+        return Report(start.run, status, value, failure, [], calls, [], in_flight, memory)
 
     def idle(self) -> None:
         """Work done between frames: free the last engine, build the next one."""

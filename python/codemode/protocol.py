@@ -4,7 +4,7 @@ Frames are msgspec structs in tagged unions, msgpack-encoded behind a 4-byte big
 A length above the cap is refused before anything is allocated; a frame that does not decode
 as the expected union is a ``ProtocolError`` and its sender is discarded.
 
-    host -> worker: Configure | Start | Settle | Drop
+    host -> worker: Configure | Start | Settle | Replay | Drop
     worker -> host: Ready | Report | Fault
 """
 
@@ -23,6 +23,7 @@ __all__ = [
     "Start",
     "Settle",
     "Drop",
+    "Replay",
     "Ready",
     "Report",
     "Fault",
@@ -54,6 +55,8 @@ class Configure(msgspec.Struct, tag="configure", array_like=True):
 
     limits: EngineLimits
     catalog_json: str
+    #: Hash of ``catalog_json``: journals record it, a replay must see the same catalog.
+    fingerprint: str
 
 
 class Start(msgspec.Struct, tag="start", array_like=True):
@@ -70,6 +73,15 @@ class Settle(msgspec.Struct, tag="settle", array_like=True):
     run: int
     results: list[tuple[int, bool, str]]
     timeout_ms: float
+
+
+class Replay(msgspec.Struct, tag="replay", array_like=True):
+    """Rebuild a suspended run from its journal: start, settle each batch, keep it resident.
+    The report lists every call the replay made (for the host's divergence check), no outputs."""
+
+    start: Start
+    batches: list[list[tuple[int, bool, str]]]
+    clock_reads: list[float]
 
 
 class Drop(msgspec.Struct, tag="drop", array_like=True):
@@ -104,7 +116,7 @@ class Fault(msgspec.Struct, tag="fault", array_like=True):
     message: str
 
 
-HostFrame = Configure | Start | Settle | Drop
+HostFrame = Configure | Start | Settle | Replay | Drop
 WorkerFrame = Ready | Report | Fault
 
 _encoder = msgspec.msgpack.Encoder()

@@ -8,6 +8,7 @@ returns the same thing as a typed struct; both have ``async`` twins. A guest fai
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import random
 import threading
@@ -17,13 +18,15 @@ from typing import Any, Literal, TypeVar, overload
 
 import msgspec
 
+from . import _engine
 from .config import CodeModeConfig, load_config
-from .errors import ClosedError
+from .errors import ClosedError, CodemodeError
 from .protocol import Configure, EngineLimits
-from .supervisor import RunOutcome, Supervisor
+from .runs import TOO_MANY, Journal, Run, RunLookupError, RunTable
+from .supervisor import Step, Supervisor
 from .tools import BackgroundLoop, Dispatcher, Tool, ToolRegistry
 
-__all__ = ["CodeMode", "Session", "Completed", "Failed", "Result", "Telemetry", "TextOutput", "JsonOutput"]
+__all__ = ["CodeMode", "Session", "Completed", "Failed", "Waiting", "Result", "Telemetry", "TextOutput", "JsonOutput"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -69,7 +72,18 @@ class Failed(msgspec.Struct, tag="failed", tag_field="status", omit_defaults=Tru
         return msgspec.to_builtins(self)  # type: ignore[no-any-return]
 
 
-Result = Completed | Failed
+class Waiting(msgspec.Struct, tag="waiting", tag_field="status", omit_defaults=True, rename="camel"):
+    run_id: str
+    reason: str
+    telemetry: Telemetry
+    pending_tool_calls: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    output: list[Output] = msgspec.field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
+
+
+Result = Completed | Failed | Waiting
 
 _LOG_PREFIX = {2: "", 3: "", 4: "[warn] ", 5: "[error] "}
 _decode_json = msgspec.json.decode
@@ -97,6 +111,9 @@ class CodeMode:
         self._closed = False
         size = self.config.workers or min(4, os.cpu_count() or 1)
         self._supervisor = Supervisor(size)
+        self._runs = RunTable(self.config.snapshot_ttl_seconds)
+        self._sweeper: threading.Thread | None = None
+        self._sweep_stop = threading.Event()
 
     # ---- tools ---------------------------------------------------------------------------------
     @overload
@@ -152,20 +169,25 @@ class CodeMode:
                     c.search_default_limit,
                     c.max_search_limit,
                 )
-                current = self._configure = Configure(limits, catalog)
+                fingerprint = hashlib.blake2b(catalog.encode(), digest_size=16).hexdigest()
+                current = self._configure = Configure(limits, catalog, fingerprint)
             return current
 
     # ---- sessions and lifetime -------------------------------------------------------------------
-    def session(self, session_id: str = "default") -> Session:
+    def session(self, session_id: str = "default", *, agent_run: str | None = None) -> Session:
+        """A session handle; suspended runs are scoped to ``(session_id, agent_run)``."""
         if self._closed:
             raise ClosedError("this CodeMode is closed")
-        return Session(self, session_id)
+        return Session(self, session_id, agent_run)
 
     def close(self) -> None:
         """Stops every worker and the background tool loop. Idempotent."""
         if self._closed:
             return
         self._closed = True
+        self._sweep_stop.set()
+        for run in self._runs.drain():
+            run.dispatcher.close()
         self._supervisor.close()
         self._loop.close()
 
@@ -182,11 +204,11 @@ class CodeMode:
         await asyncio.to_thread(self.close)
 
     # ---- running ---------------------------------------------------------------------------------
-    def _telemetry(self, started: float, outcome: RunOutcome | None) -> Telemetry:
+    def _telemetry(self, started: float, step: Step | None) -> Telemetry:
         return Telemetry(
             duration_ms=round((time.perf_counter() - started) * 1000.0, 3),
-            tool_calls=outcome.tool_calls if outcome else 0,
-            memory_bytes=outcome.memory_bytes if outcome else 0,
+            tool_calls=step.tool_calls if step else 0,
+            memory_bytes=step.memory_bytes if step else 0,
             catalog_size=len(self._registry),
             catalog_sources=self._registry.source_counts(),
             model_visible_tools=list(MODEL_VISIBLE_TOOLS),
@@ -195,10 +217,7 @@ class CodeMode:
     def _invalid(self, started: float, message: str) -> Failed:
         return Failed(error=message, code="invalid_input", telemetry=self._telemetry(started, None))
 
-    def _run(self, args: Any, loop: Callable[[], asyncio.AbstractEventLoop]) -> Result:
-        started = time.perf_counter()
-        if self._closed:
-            raise ClosedError("this CodeMode is closed")
+    def _check_args(self, started: float, args: Any) -> tuple[str, str, bool] | Failed:
         if not isinstance(args, dict):
             return self._invalid(started, "exec input must be an object with a `code` string.")
         code = args.get("code")
@@ -214,52 +233,201 @@ class CodeMode:
             return self._invalid(started, 'exec `language` must be "javascript" or "typescript".')
         if language not in self.config.languages:
             return self._invalid(started, f"code mode language {language} is disabled.")
-        dispatcher = Dispatcher(self._registry, loop)
+        restart_safe = args.get("restartSafe", False)
+        if not isinstance(restart_safe, bool):
+            return self._invalid(started, "exec `restartSafe` must be a boolean.")
+        return code, language, restart_safe
+
+    def _exec(self, session_id: str, args: Any, loop: Callable[[], asyncio.AbstractEventLoop]) -> Result:
+        started = time.perf_counter()
+        if self._closed:
+            raise ClosedError("this CodeMode is closed")
+        self._sweep()
+        checked = self._check_args(started, args)
+        if isinstance(checked, Failed):
+            return checked
+        code, language, restart_safe = checked
+        configure = self._configuration()
+        journal = Journal(
+            engine_version=_engine.__version__,
+            prelude_hash=_engine.PRELUDE_HASH,
+            catalog_fingerprint=configure.fingerprint,
+            limits=configure.limits,
+            language=language,
+            source=code,
+            seed=random.getrandbits(63),
+            restart_safe=restart_safe,
+            session_id=session_id,
+        )
+        run = Run(RunTable.new_id(), session_id, journal, Dispatcher(self._registry, loop, read_only=restart_safe))
+        step = self._supervisor.start(run, configure, self.config.timeout_ms)
+        return self._finish(run, step, started)
+
+    def _wait(self, session_id: str, args: Any) -> Result:
+        started = time.perf_counter()
+        if self._closed:
+            raise ClosedError("this CodeMode is closed")
+        self._sweep()
+        run_id = args.get("runId") if isinstance(args, dict) else None
+        if not isinstance(run_id, str) or not run_id:
+            return self._invalid(started, "wait requires a `runId` string.")
         try:
-            outcome = self._supervisor.run(
-                self._configuration(),
-                code,
-                language,
-                self.config.timeout_ms,
-                random.getrandbits(63),
-                dispatcher,
+            run = self._runs.claim(run_id, session_id)
+        except RunLookupError as e:
+            return self._invalid(started, str(e))
+        step = self._supervisor.resume(run, self._configuration(), self.config.timeout_ms)
+        return self._finish(run, step, started)
+
+    def _finish(self, run: Run, step: Step, started: float) -> Result:
+        """Files a suspended run or retires a finished one; builds the spec's result."""
+        telemetry = self._telemetry(started, step)
+        output = _outputs(step.outputs)
+        if step.status == "suspended":
+            if step.memory_bytes > self.config.max_snapshot_bytes:
+                self._retire(run)
+                message = (
+                    f"code mode snapshot of {step.memory_bytes} bytes exceeds maxSnapshotBytes "
+                    f"({self.config.max_snapshot_bytes})."
+                )
+                return Failed(error=message, code="snapshot_limit_exceeded", telemetry=telemetry, output=output)
+            if not self._runs.suspend(run):
+                self._retire(run)
+                return Failed(error=TOO_MANY, code="invalid_input", telemetry=telemetry, output=output)
+            self._start_sweeper()
+            return Waiting(
+                run_id=run.run_id,
+                reason=step.reason,
+                telemetry=telemetry,
+                pending_tool_calls=run.pending_calls(),
+                output=output,
             )
-        finally:
-            dispatcher.close()
-        telemetry = self._telemetry(started, outcome)
-        output = _outputs(outcome.outputs)
-        if outcome.status == "completed":
-            value = _decode_json(outcome.value) if outcome.value is not None else None
+        self._retire(run)
+        if step.status == "completed":
+            value = _decode_json(step.value) if step.value is not None else None
             return Completed(value=value, telemetry=telemetry, output=output)
-        code_, name, message, _stack = outcome.failure or ("internal_error", "Error", "unknown failure", "")
+        code_, name, message, _stack = step.failure or ("internal_error", "Error", "unknown failure", "")
         error = message if code_ is not None else (f"{name}: {message}" if message else name)
         return Failed(error=error, code=code_, telemetry=telemetry, output=output)
 
+    def _retire(self, run: Run) -> None:
+        """A run is over (or abandoned): leave the table, free its runtime, cancel its tools."""
+        self._runs.remove(run)
+        self._supervisor.drop(run)
+        run.dispatcher.close()
+
+    def _sweep(self) -> None:
+        for run in self._runs.expired():
+            self._supervisor.drop(run)
+            run.dispatcher.close()
+
+    def _start_sweeper(self) -> None:
+        """Expires suspended runs on time even when nobody calls (their tool tasks get cancelled)."""
+        if self._sweeper is not None:
+            return
+        interval = min(1.0, self.config.snapshot_ttl_seconds / 2)
+
+        def loop() -> None:
+            while not self._sweep_stop.wait(interval):
+                self._sweep()
+
+        self._sweeper = threading.Thread(target=loop, name="codemode-sweeper", daemon=True)
+        self._sweeper.start()
+
+    def cancel(self, session_id: str, run_id: str) -> bool:
+        """Aborts a suspended run of this session; True if there was one."""
+        try:
+            run = self._runs.claim(run_id, session_id)
+        except RunLookupError:
+            return False
+        self._retire(run)
+        return True
+
+    def suspended_runs(self, session_id: str | None = None) -> list[str]:
+        runs = self._runs.all() if session_id is None else self._runs.of_session(session_id)
+        return [r.run_id for r in runs]
+
+    def export_run(self, run_id: str) -> bytes:
+        """The run's journal as bytes; ``import_run`` in another process resumes it."""
+        for run in self._runs.all():
+            if run.run_id == run_id:
+                return run.journal.encode()
+        raise CodemodeError(f"no suspended run {run_id!r}")
+
+    def import_run(self, data: bytes, session_id: str) -> str:
+        """Files a journal exported elsewhere as a suspended run of ``session_id``; its open tool
+        calls are redone here, so only restart-safe runs (read-only tools) are accepted."""
+        journal = Journal.decode(data)
+        if not journal.restart_safe:
+            raise CodemodeError("only restartSafe runs can resume in another process")
+        if journal.prelude_hash != _engine.PRELUDE_HASH:
+            raise CodemodeError("this journal was written by a different code mode engine")
+        run = Run(RunTable.new_id(), session_id, journal, Dispatcher(self._registry, self._loop.get, read_only=True))
+        journal.session_id = session_id
+        settled = journal.settled_ids()
+        redo = [(c.id, c.tool, journal.open_inputs[c.id]) for c in journal.calls if c.id not in settled and c.id in journal.open_inputs]
+        run.yields.extend(c.id for c in journal.calls if c.id not in settled and c.tool == _engine.YIELD_TOOL)
+        if not self._runs.suspend(run):
+            raise CodemodeError(TOO_MANY)
+        run.dispatcher.submit(redo)
+        return run.run_id
+
 
 class Session:
-    """One conversation's handle on a ``CodeMode``: ``exec`` cells, typed or as dicts."""
+    """One conversation's handle on a ``CodeMode``: ``exec`` cells and ``wait`` on suspended ones.
 
-    def __init__(self, codemode: CodeMode, session_id: str) -> None:
+    Suspended runs belong to the session (and agent run) that made them; ``close`` aborts them.
+    """
+
+    def __init__(self, codemode: CodeMode, session_id: str, agent_run: str | None = None) -> None:
         self.codemode = codemode
         self.session_id = session_id
+        self.agent_run = agent_run
+        self._scope = session_id if agent_run is None else f"{session_id}\x00{agent_run}"
 
     def exec(self, args: dict[str, Any]) -> dict[str, Any]:
-        """Runs one cell; returns the spec's JSON result (``status``, ``value``/``error``...)."""
-        return self.codemode._run(args, self.codemode._loop.get).to_dict()
+        """Runs one cell; returns the spec's JSON result (``completed``, ``waiting``, ``failed``)."""
+        return self.codemode._exec(self._scope, args, self.codemode._loop.get).to_dict()
 
-    def run(self, code: str, *, language: Literal["javascript", "typescript"] = "javascript") -> Result:
-        """Typed ``exec``: a ``Completed`` or ``Failed`` struct."""
-        return self.codemode._run({"code": code, "language": language}, self.codemode._loop.get)
+    def wait(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Resumes a ``waiting`` run (``{"runId": ...}``); the same result union as ``exec``."""
+        return self.codemode._wait(self._scope, args).to_dict()
+
+    def run(
+        self,
+        code: str,
+        *,
+        language: Literal["javascript", "typescript"] = "javascript",
+        restart_safe: bool = False,
+    ) -> Result:
+        """Typed ``exec``: a ``Completed``, ``Waiting`` or ``Failed`` struct."""
+        args = {"code": code, "language": language, "restartSafe": restart_safe}
+        return self.codemode._exec(self._scope, args, self.codemode._loop.get)
+
+    def resume(self, run_id: str) -> Result:
+        """Typed ``wait``."""
+        return self.codemode._wait(self._scope, {"runId": run_id})
+
+    def cancel(self, run_id: str) -> bool:
+        """Aborts one of this session's suspended runs and cancels its tool tasks."""
+        return self.codemode.cancel(self._scope, run_id)
+
+    def close(self) -> None:
+        """Aborts every suspended run of this session."""
+        for run in self.codemode._runs.of_session(self._scope):
+            self.codemode.cancel(self._scope, run.run_id)
 
     async def exec_async(self, args: dict[str, Any]) -> dict[str, Any]:
         """``exec`` without blocking the event loop; async tools run on this loop."""
-        return (await self._run_async(args)).to_dict()
+        loop = asyncio.get_running_loop()
+        result = await asyncio.to_thread(self.codemode._exec, self._scope, args, lambda: loop)
+        return result.to_dict()
+
+    async def wait_async(self, args: dict[str, Any]) -> dict[str, Any]:
+        return (await asyncio.to_thread(self.codemode._wait, self._scope, args)).to_dict()
 
     async def run_async(
         self, code: str, *, language: Literal["javascript", "typescript"] = "javascript"
     ) -> Result:
-        return await self._run_async({"code": code, "language": language})
-
-    async def _run_async(self, args: Any) -> Result:
         loop = asyncio.get_running_loop()
-        return await asyncio.to_thread(self.codemode._run, args, lambda: loop)
+        args = {"code": code, "language": language}
+        return await asyncio.to_thread(self.codemode._exec, self._scope, args, lambda: loop)

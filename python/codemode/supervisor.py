@@ -1,6 +1,6 @@
 """The worker pool and the driver of one run: deadlines, kills, crash recovery.
 
-    Session.exec ──> Supervisor.run(start, dispatcher)
+    Session.exec ──> Supervisor.start(run)          (Session.wait ──> Supervisor.resume(run))
                         │  acquire an idle worker (spawned ahead of time)
                         │  Configure (only if its limits/catalog are stale), Start ──> worker
                         │      worker: engine.start ──> Report(pending, calls)
@@ -8,9 +8,12 @@
                         │  Settle(results) ──> worker: engine.settle ──> Report(...)
                         │  ... until completed | failed, or the deadline:
                         │      guest still running at deadline + grace -> SIGKILL, replace, `timeout`
-                        │      tools still pending at the deadline     -> Drop, `timeout`
+                        │      tools still pending at the deadline     -> suspended (`waiting`):
+                        │          the runtime stays resident in the worker; the host keeps the
+                        │          journal; `wait` settles into it, or replays the journal into
+                        │          a fresh engine on any worker if the resident one is gone
                         │      worker gone (EOF, bad frame)            -> replace, `internal_error`
-                        └─ release the worker to the idle pool
+                        └─ release the worker to the idle pool (with its resident runs)
 
 Workers are separate processes (``subprocess`` — never ``fork`` — ``python -I``, an empty
 environment, their own session and process group, RLIMIT_AS and RLIMIT_CPU). Every frame
@@ -29,15 +32,15 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Protocol
-
 import msgspec
 
 from . import protocol
+from ._engine import YIELD_TOOL
 from .errors import ClosedError, ProtocolError, WorkerCrashed, WorkerUnavailable
-from .protocol import Configure, Drop, Fault, Ready, Report, Settle, Start
+from .protocol import Configure, Drop, Fault, Ready, Replay, Report, Settle, Start
+from .runs import JournalCall, Run, input_hash
 
-__all__ = ["Supervisor", "RunOutcome", "KILL_GRACE_S"]
+__all__ = ["Supervisor", "Step", "KILL_GRACE_S"]
 
 #: How long past the deadline a worker may take to report before it is killed.
 KILL_GRACE_S = 0.25
@@ -78,14 +81,18 @@ class WorkerProcess:
         self.ready = False
         self.configured: object = None
         self.runs = 0
+        #: A `Drop` for a suspended run may be written while another thread drives this worker.
+        self.write_lock = threading.Lock()
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
     def send(self, frame: msgspec.Struct) -> None:
+        data = protocol.encode(frame)
         try:
-            protocol.write_all(self.wfd, protocol.encode(frame))
+            with self.write_lock:
+                protocol.write_all(self.wfd, data)
         except OSError as e:
             raise self.crashed(f"worker {self.pid} stopped reading: {e}") from None
 
@@ -152,23 +159,13 @@ class WorkerProcess:
         self.kill()
 
 
-class Dispatcher(Protocol):
-    """Runs tool calls for one run (see ``tools.Dispatcher``)."""
+class Step(msgspec.Struct):
+    """What one ``exec`` or ``wait`` call saw of a run."""
 
-    wake_fd: int
-
-    def submit(self, calls: list[tuple[int, str, str]]) -> None: ...
-    def take_ready(self) -> list[tuple[int, bool, str]]: ...
-    def pending(self) -> int: ...
-    def cancel(self) -> None: ...
-
-
-class RunOutcome(msgspec.Struct):
-    """What the driver saw: the final report's status and everything the run produced."""
-
-    status: str  # completed | failed
+    status: str = "failed"  # completed | failed | suspended
     value: str | None = None
     failure: tuple[str | None, str, str, str] | None = None
+    reason: str = ""  # when suspended: pending_tools | yield
     outputs: list[tuple[int, str]] = msgspec.field(default_factory=list)
     tool_calls: int = 0
     memory_bytes: int = 0
@@ -215,12 +212,30 @@ class Supervisor:
                         # Died while idle (killed from outside, RLIMIT_CPU): replace it quietly.
                         worker.close_pipes()
                         self._spawn_locked()
+                        self._cond.notify_all()
                         continue
                     self._busy.add(worker)
                     return worker
                 if len(self._busy) < self._size:
                     self._spawn_locked()
                     continue
+                self._cond.wait()
+
+    def _claim(self, worker: WorkerProcess) -> bool:
+        """Takes this particular worker (it holds a resident run) once it is idle; False if it
+        is gone from the pool."""
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise ClosedError("this CodeMode is closed")
+                if worker in self._idle:
+                    if worker.proc.poll() is not None:
+                        return False
+                    self._idle.remove(worker)
+                    self._busy.add(worker)
+                    return True
+                if worker not in self._busy:
+                    return False
                 self._cond.wait()
 
     def _release(self, worker: WorkerProcess, *, discard: bool = False) -> None:
@@ -234,7 +249,7 @@ class Supervisor:
                 self._idle.appendleft(worker)
             if retire and not self._closed:
                 self._spawn_locked()
-            self._cond.notify()
+            self._cond.notify_all()
         if retire:
             if discard:
                 self.killed += 1
@@ -257,59 +272,120 @@ class Supervisor:
         with self._cond:
             return [w.pid for w in list(self._idle) + list(self._busy)]
 
-    # ---- one run -------------------------------------------------------------------------------
-    def run(
-        self,
-        configure: Configure,
-        source: str,
-        language: str,
-        timeout_ms: int,
-        seed: int,
-        dispatcher: Dispatcher,
-    ) -> RunOutcome:
+    # ---- runs ----------------------------------------------------------------------------------
+    def start(self, run: Run, configure: Configure, timeout_ms: int) -> Step:
+        """Runs a new cell until it completes, fails, or suspends at the deadline."""
         deadline = time.monotonic() + timeout_ms / 1000.0
-        run_id = next(self._run_ids)
-        start = Start(run_id, source, language, float(timeout_ms), seed)
-        outcome = RunOutcome(status="failed")
-        worker = self._start(configure, start, outcome)
-        if worker is None:
-            return outcome
-        discard = False
-        try:
+        journal = run.journal
+        run.engine_run = next(self._run_ids)
+        start = Start(run.engine_run, journal.source, journal.language, float(timeout_ms), journal.seed)
+        step = Step()
+        for attempt in range(2):
+            worker = self._hand_over(configure, start, step)
+            if worker is None:
+                return step
             try:
-                self._drive(worker, run_id, deadline, dispatcher, outcome)
+                return self._drive(worker, run, deadline, step)
             except WorkerCrashed:
-                if outcome.reports:
-                    raise
                 # Dead before it said anything: most likely killed while idle, before it read
                 # the cell (a kill is not visible to `poll()` at once). One more worker tries.
-                self._release(worker, discard=True)
-                worker = self._start(configure, start, outcome)
-                if worker is None:
-                    return outcome
-                self._drive(worker, run_id, deadline, dispatcher, outcome)
-        except Deadline:
-            # The guest is still running past deadline + grace: only a kill stops it.
-            discard = True
-            outcome.failure = _failed("timeout", "TimeoutError", "code mode cell timed out.")
-        except WorkerCrashed as e:
-            discard = True
-            outcome.failure = _failed("internal_error", "WorkerCrashed", f"code mode worker crashed: {e}")
-        except ProtocolError as e:
-            discard = True
-            outcome.failure = _failed("internal_error", "ProtocolError", str(e))
-        except WorkerUnavailable as e:
-            discard = True
-            outcome.failure = _failed("runtime_unavailable", "WorkerUnavailable", str(e))
-        finally:
-            if outcome.status != "completed" and dispatcher.pending():
-                dispatcher.cancel()
-            self._release(worker, discard=discard)
-        return outcome
+                if step.reports or attempt:
+                    return step
+        return step
 
-    def _start(self, configure: Configure, start: Start, outcome: RunOutcome) -> WorkerProcess | None:
-        """Hands the cell to a live worker. A worker found dead before it took the cell is
-        replaced and the cell goes to the next one; the guest did nothing wrong."""
+    def resume(self, run: Run, configure: Configure, timeout_ms: int) -> Step:
+        """Settles what finished into a suspended run and drives it on (``wait``)."""
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        step = Step()
+        results = self._collect(run, deadline)
+        if not results:
+            step.status, step.reason = "suspended", "pending_tools"
+            return step
+        worker = run.worker
+        if worker is not None and self._claim(worker):
+            try:
+                worker.send(Settle(run.engine_run, results, timeout_ms))
+                run.journal.batches.append(results)
+                return self._drive(worker, run, deadline, step)
+            except WorkerCrashed:
+                if step.reports:
+                    return step
+                step = Step()
+        # The resident runtime is gone: rebuild it from the journal, then settle.
+        run.worker = None
+        return self._replay(run, configure, results, deadline, timeout_ms, step)
+
+    def drop(self, run: Run) -> None:
+        """Frees a suspended run's resident runtime (cancel, expiry, snapshot limit)."""
+        worker, run.worker = run.worker, None
+        if worker is not None and worker.proc.poll() is None:
+            try:
+                worker.send(Drop(run.engine_run))
+            except WorkerCrashed:
+                pass
+
+    def _collect(self, run: Run, deadline: float) -> list[tuple[int, bool, str]]:
+        """Results to deliver on resume: answered yields plus finished tools, waiting for at
+        least one until the deadline."""
+        results: list[tuple[int, bool, str]] = [(call_id, True, "null") for call_id in run.yields]
+        run.yields.clear()
+        results.extend(run.dispatcher.take_ready())
+        while not results and run.dispatcher.pending():
+            timeout = deadline - time.monotonic()
+            if timeout <= 0:
+                break
+            poller = select.poll()
+            poller.register(run.dispatcher.wake_fd, select.POLLIN)
+            poller.poll(timeout * 1000.0)
+            results.extend(run.dispatcher.take_ready())
+        return results
+
+    def _replay(
+        self,
+        run: Run,
+        configure: Configure,
+        results: list[tuple[int, bool, str]],
+        deadline: float,
+        timeout_ms: int,
+        step: Step,
+    ) -> Step:
+        journal = run.journal
+        run.engine_run = next(self._run_ids)
+        start = Start(run.engine_run, journal.source, journal.language, float(timeout_ms), journal.seed)
+        frame = Replay(start, journal.batches, journal.clock_reads)
+        worker = self._hand_over(configure, frame, step)
+        if worker is None:
+            return step
+        try:
+            report = worker.recv(deadline + KILL_GRACE_S)
+            expected = [(c.id, c.tool, c.input_hash) for c in journal.calls]
+            got = [(call_id, tool, input_hash(data)) for call_id, tool, data in report.calls] if isinstance(
+                report, Report
+            ) else []
+            if not isinstance(report, Report) or report.run != run.engine_run:
+                raise ProtocolError(f"worker {worker.pid} answered a replay out of order")
+            if report.status != "pending" or got != expected:
+                self._release(worker)
+                step.failure = _failed(
+                    "internal_error",
+                    "DivergenceError",
+                    f"code mode run diverged on replay: {_divergence(expected, got, report.status)}",
+                )
+                return step
+            worker.send(Settle(run.engine_run, results, max(1.0, (deadline - time.monotonic()) * 1000.0)))
+            journal.batches.append(results)
+            return self._drive(worker, run, deadline, step)
+        except Deadline:
+            self._release(worker, discard=True)
+            step.failure = _failed("timeout", "TimeoutError", "code mode replay timed out.")
+        except (WorkerCrashed, ProtocolError) as e:
+            self._release(worker, discard=True)
+            step.failure = _failed("internal_error", type(e).__name__, f"code mode replay failed: {e}")
+        return step
+
+    def _hand_over(self, configure: Configure, frame: Start | Replay, step: Step) -> WorkerProcess | None:
+        """Gives a cell (or a replay) to a live worker, which stays claimed for the caller.
+        A worker found dead before it took the frame is replaced and the next one is tried."""
         for attempt in range(2):
             worker = self._acquire()
             try:
@@ -321,58 +397,115 @@ class Supervisor:
                 if worker.configured is not configure:
                     worker.send(configure)
                     worker.configured = configure
-                worker.send(start)
+                worker.send(frame)
                 return worker
             except (WorkerCrashed, ProtocolError, Deadline) as e:
                 self._release(worker, discard=True)
                 if attempt == 1 or isinstance(e, Deadline):
                     reason = str(e) or "the worker did not start in time"
-                    outcome.failure = _failed(
+                    step.failure = _failed(
                         "runtime_unavailable", "WorkerUnavailable", f"code mode runtime is unavailable: {reason}"
                     )
                     return None
         return None
 
-    def _drive(
-        self, worker: WorkerProcess, run_id: int, deadline: float, dispatcher: Dispatcher, outcome: RunOutcome
-    ) -> None:
+    def _drive(self, worker: WorkerProcess, run: Run, deadline: float, step: Step) -> Step:
+        """Reads reports, runs tools, settles, until the run ends or suspends; then releases
+        the worker (killed and replaced if it misbehaved or overran)."""
+        discard = False
+        try:
+            self._loop(worker, run, deadline, step)
+        except Deadline:
+            # The guest is still running past deadline + grace: only a kill stops it.
+            discard = True
+            step.status = "failed"
+            step.failure = _failed("timeout", "TimeoutError", "code mode cell timed out.")
+        except WorkerCrashed as e:
+            discard = True
+            if not step.reports:
+                self._release(worker, discard=True)
+                raise
+            step.status = "failed"
+            step.failure = _failed("internal_error", "WorkerCrashed", f"code mode worker crashed: {e}")
+        except ProtocolError as e:
+            discard = True
+            step.status = "failed"
+            step.failure = _failed("internal_error", "ProtocolError", str(e))
+        except WorkerUnavailable as e:
+            discard = True
+            step.status = "failed"
+            step.failure = _failed("runtime_unavailable", "WorkerUnavailable", str(e))
+        if step.status == "suspended":
+            run.worker = None if discard else worker
+        else:
+            run.worker = None
+        self._release(worker, discard=discard)
+        return step
+
+    def _loop(self, worker: WorkerProcess, run: Run, deadline: float, step: Step) -> None:
+        journal = run.journal
+        dispatcher = run.dispatcher
         while True:
             frame = worker.recv(deadline + KILL_GRACE_S)
             if isinstance(frame, Fault):
                 raise WorkerUnavailable(f"code mode runtime is unavailable: {frame.message}")
-            if not isinstance(frame, Report) or frame.run != run_id:
+            if not isinstance(frame, Report) or frame.run != run.engine_run:
                 raise ProtocolError(f"worker {worker.pid} answered out of order")
-            outcome.reports += 1
-            outcome.outputs.extend(frame.outputs)
-            outcome.memory_bytes = frame.memory_bytes
+            step.reports += 1
+            step.outputs.extend(frame.outputs)
+            step.memory_bytes = frame.memory_bytes
+            journal.clock_reads.extend(frame.clock_reads)
             if frame.status == "completed":
-                outcome.status = "completed"
-                outcome.value = frame.value
+                step.status, step.value = "completed", frame.value
                 return
             if frame.status == "failed":
-                outcome.failure = frame.failure
+                step.status, step.failure = "failed", frame.failure
                 return
             if frame.status != "pending":
                 raise ProtocolError(f"worker {worker.pid} reported an unknown status")
-            if frame.calls:
-                outcome.tool_calls += len(frame.calls)
-                dispatcher.submit(frame.calls)
-            results = dispatcher.take_ready()
-            while not results:
-                # The guest is parked on tools; the worker is idle and answers nothing until we
-                # settle. Wait for a tool (or the worker dying) until the deadline.
-                try:
-                    woke = worker.recv(deadline, dispatcher.wake_fd)
-                except Deadline:
-                    worker.send(Drop(run_id))
-                    outcome.failure = _failed(
-                        "timeout",
-                        "TimeoutError",
-                        f"code mode cell timed out waiting for {dispatcher.pending()} tool call(s).",
-                    )
+            calls = []
+            for call_id, tool, data in frame.calls:
+                journal.calls.append(JournalCall(call_id, tool, input_hash(data)))
+                if tool == YIELD_TOOL:
+                    run.yields.append(call_id)
+                else:
+                    calls.append((call_id, tool, data))
+                    if journal.restart_safe:
+                        journal.open_inputs[call_id] = data
+            if calls:
+                step.tool_calls += len(calls)
+                dispatcher.submit(calls)
+            # Parked: the guest awaits tools and the worker answers nothing until we settle.
+            while True:
+                if run.yields:
+                    step.status, step.reason = "suspended", "yield"
                     return
-                if woke is not None:
-                    raise ProtocolError(f"worker {worker.pid} spoke while parked")
                 results = dispatcher.take_ready()
+                if results:
+                    break
+                if journal.restart_safe:
+                    # Restart-safe runs never drain within the call: each result goes through
+                    # a `wait`, where a replay check applies.
+                    step.status, step.reason = "suspended", "pending_tools"
+                    return
+                try:
+                    spoke = worker.recv(deadline, dispatcher.wake_fd)
+                except Deadline:
+                    step.status, step.reason = "suspended", "pending_tools"
+                    return
+                if spoke is not None:
+                    raise ProtocolError(f"worker {worker.pid} spoke while parked")
+            for call_id, _, _ in results:
+                journal.open_inputs.pop(call_id, None)
+            journal.batches.append(results)
             remaining_ms = max(1.0, (deadline - time.monotonic()) * 1000.0)
-            worker.send(Settle(run_id, results, remaining_ms))
+            worker.send(Settle(run.engine_run, results, remaining_ms))
+
+
+def _divergence(expected: list[tuple[int, str, str]], got: list[tuple[int, str, str]], status: str) -> str:
+    for i, (want, have) in enumerate(zip(expected, got)):
+        if want != have:
+            return f"call {i + 1} was {have[1]} (input {have[2][:8]}), the journal has {want[1]} (input {want[2][:8]})"
+    if len(got) != len(expected):
+        return f"the replay made {len(got)} tool call(s), the journal has {len(expected)}"
+    return f"the replay ended {status} before reaching the suspension point"

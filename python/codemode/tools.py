@@ -169,9 +169,13 @@ class Dispatcher:
     wait on the worker pipe and the tools with one ``poll``.
     """
 
-    def __init__(self, registry: ToolRegistry, loop: Callable[[], asyncio.AbstractEventLoop]) -> None:
+    def __init__(
+        self, registry: ToolRegistry, loop: Callable[[], asyncio.AbstractEventLoop], *, read_only: bool = False
+    ) -> None:
         self._registry = registry
         self._loop = loop
+        #: Restart-safe runs may only call read-only tools (they may be redone after a restart).
+        self._read_only = read_only
         self._ready: list[tuple[int, bool, str]] = []
         self._lock = threading.Lock()
         self._futures: dict[int, concurrent.futures.Future[Any]] = {}
@@ -190,6 +194,10 @@ class Dispatcher:
             tool = self._registry.get(tool_id)
             if tool is None:
                 self._ready.append((call_id, False, f"unknown tool: {tool_id}"))
+                continue
+            if self._read_only and not tool.read_only:
+                message = f"tool {tool_id} is not read-only: a restartSafe run may only call read-only tools"
+                self._ready.append((call_id, False, message))
                 continue
             try:
                 args = _decode(input_json)

@@ -23,6 +23,14 @@ use crate::limits::{Abort, Flags, Limits};
 
 const PRELUDE_SOURCE: &str = include_str!("prelude.js");
 
+/// The tool id of a `yield_control(reason)` call: the host suspends the run and settles it on `wait`.
+pub const YIELD_TOOL: &str = "\u{0}yield";
+
+/// Identifies the prelude (FNV-1a 64 of its source): a journal replays only on the same one.
+pub fn prelude_hash() -> u64 {
+    PRELUDE_SOURCE.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
 /// Outcome codes, spelled as the spec spells them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorCode {

@@ -43,6 +43,8 @@
   const FunctionToString = Function.prototype.toString;
   const RealDate = Date;
   const MAX_DEPTH = 64;
+  // Tool ids are validated by the host; none can contain a NUL, so this one cannot collide.
+  const YIELD_TOOL = "\u0000yield";
   const MAX_ERROR_CHARS = 4096;
 
   function push(array, value) {
@@ -273,6 +275,12 @@
   const absent = ["WeakRef", "FinalizationRegistry", "performance", "setTimeout", "setInterval", "require", "process"];
   for (let i = 0; i < absent.length; i++) delete G[absent[i]];
 
+  // Hands control back to the model: the host answers it on the next `wait`.
+  function yield_control(reason) {
+    return hostCall(YIELD_TOOL, toJson(reason === undefined ? null : StringCtor(reason))).then(() => undefined);
+  }
+
+  ObjectDefineProperty(G, "yield_control", { value: yield_control, enumerable: false });
   ObjectDefineProperty(G, "text", { value: text, enumerable: false });
   ObjectDefineProperty(G, "json", { value: json, enumerable: false });
   ObjectDefineProperty(G, "console", { value: console, enumerable: false, writable: true, configurable: true });

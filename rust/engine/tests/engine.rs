@@ -222,3 +222,14 @@ fn build_cost_is_printed() {
     }
     println!("start trivial: {:?} each", t.elapsed() / 50);
 }
+
+#[test]
+fn yield_control_is_a_call_the_host_settles() {
+    let mut e = engine();
+    let out = e.start("await yield_control('need input'); return 'resumed'", Language::JavaScript, 2000.0, 1);
+    assert_eq!(out.status, Status::Pending);
+    assert_eq!(out.calls[0].tool, codemode_engine::YIELD_TOOL);
+    assert_eq!(out.calls[0].input_json, r#""need input""#);
+    let done = e.settle(vec![Settlement { id: out.calls[0].id, ok: true, payload: "null".into() }], 2000.0);
+    assert_eq!(done.status, Status::Completed(r#""resumed""#.into()));
+}

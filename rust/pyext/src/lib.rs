@@ -110,5 +110,7 @@ fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Engine>()?;
     m.add("EngineInitError", m.py().get_type::<errors::EngineInitError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("PRELUDE_HASH", format!("{:016x}", codemode_engine::prelude_hash()))?;
+    m.add("YIELD_TOOL", codemode_engine::YIELD_TOOL)?;
     Ok(())
 }

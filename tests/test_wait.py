@@ -1,0 +1,323 @@
+"""Suspend and resume: `waiting`, `wait`, the run table, resident runtimes and journal replay."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import pytest
+from codemode import CodeMode, CodemodeError
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+UNAVAILABLE = "code mode run is unavailable or expired."
+FOREIGN = "code mode run belongs to a different session."
+
+
+class Gate:
+    """An async tool that finishes only when the test opens it."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.cancelled = threading.Event()
+
+    def open(self) -> None:
+        self.event.set()
+
+
+def add_tools(cm: CodeMode, gate: Gate) -> None:
+    @cm.tool(read_only=True)
+    def fast(n: int = 1) -> int:
+        return n
+
+    @cm.tool(read_only=True)
+    async def slow(n: int = 0) -> int:
+        try:
+            while not gate.event.is_set():
+                await asyncio.sleep(0.005)
+        except asyncio.CancelledError:
+            gate.cancelled.set()
+            raise
+        return n * 10
+
+    @cm.tool(read_only=True)
+    async def sleepy(ms: int, value: Any = None) -> Any:
+        await asyncio.sleep(ms / 1000)
+        return value
+
+    @cm.tool
+    def write(x: int) -> int:
+        return x
+
+
+@pytest.fixture
+def gate() -> Gate:
+    return Gate()
+
+
+@pytest.fixture
+def wcm(make_codemode, gate):
+    cm = make_codemode({"workers": 1, "timeoutMs": 300})
+    add_tools(cm, gate)
+    return cm
+
+
+def exec_(session, code: str, **extra: Any) -> dict[str, Any]:
+    return session.exec({"code": code, **extra})
+
+
+def resume_until_done(session, result: dict[str, Any], rounds: int = 50) -> dict[str, Any]:
+    for _ in range(rounds):
+        if result["status"] != "waiting":
+            return result
+        result = session.wait({"runId": result["runId"]})
+    raise AssertionError(f"still waiting after {rounds} waits: {result}")
+
+
+def test_tools_settling_before_the_deadline_drain_in_one_exec(make_codemode, gate):
+    cm = make_codemode({"workers": 1, "timeoutMs": 5000})
+    add_tools(cm, gate)
+    code = "let t = 0; for (let i = 1; i <= 10; i++) t += await tools.sleepy({ms: 2, value: i}); return t"
+    result = exec_(cm.session(), code)
+    assert result["status"] == "completed"
+    assert result["value"] == 55
+    assert result["telemetry"]["toolCalls"] == 10
+
+
+def test_pending_tool_at_deadline_returns_waiting_and_wait_completes(wcm, gate):
+    s = wcm.session()
+    first = exec_(s, "text('before'); const v = await tools.slow({n: 4}); text('after'); return v + 2")
+    assert first["status"] == "waiting"
+    assert first["reason"] == "pending_tools"
+    assert first["runId"].startswith("run_")
+    assert first["pendingToolCalls"] == [{"id": first["pendingToolCalls"][0]["id"], "toolId": "host:core:slow"}]
+    assert first["output"] == [{"type": "text", "text": "before"}]
+    gate.open()
+    done = s.wait({"runId": first["runId"]})
+    assert done["status"] == "completed"
+    assert done["value"] == 42
+    assert done["output"] == [{"type": "text", "text": "after"}]
+
+
+def test_wait_before_the_tool_finishes_returns_waiting_again(wcm, gate):
+    s = wcm.session()
+    first = exec_(s, "return await tools.slow({n: 1})")
+    again = s.wait({"runId": first["runId"]})
+    assert again["status"] == "waiting"
+    assert again["runId"] == first["runId"]
+    gate.open()
+    assert s.wait({"runId": first["runId"]})["value"] == 10
+
+
+def test_yield_control_suspends_with_reason_yield(wcm):
+    s = wcm.session()
+    first = exec_(s, "text('one'); await yield_control('show progress'); text('two'); return 'done'")
+    assert first["status"] == "waiting"
+    assert first["reason"] == "yield"
+    assert "pendingToolCalls" not in first  # optional in the spec; omitted when empty
+    done = s.wait({"runId": first["runId"]})
+    assert done["status"] == "completed"
+    assert done["value"] == "done"
+    assert done["output"] == [{"type": "text", "text": "two"}]
+
+
+def test_wait_on_unknown_run_fails_invalid_input(wcm):
+    result = wcm.session().wait({"runId": "run_nope"})
+    assert result["status"] == "failed"
+    assert result["code"] == "invalid_input"
+    assert result["error"] == UNAVAILABLE
+
+
+def test_wait_on_completed_run_fails_invalid_input(wcm):
+    s = wcm.session()
+    first = exec_(s, "await yield_control(); return 1")
+    assert s.wait({"runId": first["runId"]})["value"] == 1
+    again = s.wait({"runId": first["runId"]})
+    assert (again["code"], again["error"]) == ("invalid_input", UNAVAILABLE)
+
+
+def test_wait_from_another_session_fails_and_leaves_the_run(wcm):
+    first = exec_(wcm.session("alice"), "await yield_control(); return 'mine'")
+    foreign = wcm.session("bob").wait({"runId": first["runId"]})
+    assert (foreign["code"], foreign["error"]) == ("invalid_input", FOREIGN)
+    other_agent_run = wcm.session("alice", agent_run="other").wait({"runId": first["runId"]})
+    assert other_agent_run["error"] == FOREIGN
+    assert wcm.session("alice").wait({"runId": first["runId"]})["value"] == "mine"
+
+
+def test_two_concurrent_waits_on_one_run_one_is_refused(wcm, gate):
+    s = wcm.session()
+    first = exec_(s, "return await tools.slow({n: 2})")
+    results: list[dict[str, Any]] = []
+    threads = [threading.Thread(target=lambda: results.append(s.wait({"runId": first["runId"]}))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.05)
+    gate.open()
+    for t in threads:
+        t.join()
+    statuses = sorted(r["status"] for r in results)
+    assert statuses == ["completed", "failed"]
+    refused = next(r for r in results if r["status"] == "failed")
+    assert refused["code"] == "invalid_input"
+    assert refused["error"] == "code mode run is already being resumed."
+
+
+def test_the_65th_suspended_run_is_refused(make_codemode):
+    cm = make_codemode({"workers": 2, "timeoutMs": 2000})
+    s = cm.session()
+    ids = []
+    for i in range(64):
+        r = exec_(s, f"await yield_control(); return {i}")
+        assert r["status"] == "waiting", r
+        ids.append(r["runId"])
+    refused = exec_(s, "await yield_control(); return 64")
+    assert refused["status"] == "failed"
+    assert refused["code"] == "invalid_input"
+    assert refused["error"] == "too many suspended code mode runs."
+    assert exec_(s, "return 'not suspended'")["value"] == "not suspended"
+    assert [s.wait({"runId": rid})["value"] for rid in ids] == list(range(64))
+
+
+def test_snapshot_over_max_snapshot_bytes_fails(make_codemode):
+    cm = make_codemode({"workers": 1, "maxSnapshotBytes": 1 << 20})
+    result = exec_(cm.session(), "globalThis.big = 'x'.repeat(3 << 20); await yield_control(); return 1")
+    assert result["status"] == "failed"
+    assert result["code"] == "snapshot_limit_exceeded"
+    assert "maxSnapshotBytes" in result["error"]
+
+
+def test_expired_run_is_gone_and_its_tool_task_cancelled(make_codemode, gate):
+    cm = make_codemode({"workers": 1, "timeoutMs": 200, "snapshotTtlSeconds": 1})
+    add_tools(cm, gate)
+    s = cm.session()
+    first = exec_(s, "return await tools.slow({n: 1})")
+    assert first["status"] == "waiting"
+    assert gate.cancelled.wait(5), "the expired run's tool task was not cancelled"
+    expired = s.wait({"runId": first["runId"]})
+    assert (expired["code"], expired["error"]) == ("invalid_input", UNAVAILABLE)
+
+
+def test_cancel_aborts_the_run_and_its_tool_task(wcm, gate):
+    s = wcm.session()
+    first = exec_(s, "return await tools.slow({n: 1})")
+    assert s.cancel(first["runId"]) is True
+    assert gate.cancelled.wait(5)
+    assert s.wait({"runId": first["runId"]})["error"] == UNAVAILABLE
+    assert s.cancel(first["runId"]) is False
+
+
+def test_closing_a_session_aborts_its_runs(wcm, gate):
+    s = wcm.session("closing")
+    first = exec_(s, "return await tools.slow({n: 1})")
+    s.close()
+    assert gate.cancelled.wait(5)
+    assert s.wait({"runId": first["runId"]})["error"] == UNAVAILABLE
+
+
+def test_a_worker_holds_several_suspended_runs_and_serves_new_execs(wcm):
+    s = wcm.session()
+    waiting = [exec_(s, f"await yield_control(); return {i}") for i in range(3)]
+    assert exec_(s, "return 'fresh'")["value"] == "fresh"
+    assert [s.wait({"runId": w["runId"]})["value"] for w in waiting] == [0, 1, 2]
+
+
+def test_worker_killed_with_three_suspended_runs_all_complete_by_replay(make_codemode, gate):
+    cm = make_codemode({"workers": 1, "timeoutMs": 300})
+    add_tools(cm, gate)
+    s = cm.session()
+    code = (
+        "const seen = [Math.random(), Date.now()];"
+        "const a = await tools.fast({n: %d}); text('a=' + a);"
+        "const b = await tools.slow({n: a});"
+        "return {b, seen: [seen[0] === Math.random() ? 'same' : 'fresh', typeof seen[1]], again: Math.random() < 2}"
+    )
+    waiting = [exec_(s, code % i) for i in (1, 2, 3)]
+    assert all(w["status"] == "waiting" for w in waiting)
+    for pid in cm._supervisor.worker_pids():
+        os.kill(pid, signal.SIGKILL)
+    gate.open()
+    done = [s.wait({"runId": w["runId"]}) for w in waiting]
+    assert [d["status"] for d in done] == ["completed"] * 3, done
+    assert [d["value"]["b"] for d in done] == [10, 20, 30]
+    # Replayed output is not repeated: it was delivered with the `waiting` result.
+    assert all("output" not in d for d in done)
+
+
+def test_replay_that_diverges_from_the_journal_fails(make_codemode, gate):
+    cm = make_codemode({"workers": 1, "timeoutMs": 300})
+    add_tools(cm, gate)
+    s = cm.session()
+    first = exec_(s, "const a = await tools.fast({n: 1}); return await tools.slow({n: a})")
+    assert first["status"] == "waiting"
+    (run,) = cm._runs.all()
+    call_id, ok, _ = run.journal.batches[0][0]
+    run.journal.batches[0][0] = (call_id, ok, "2")  # the recorded result no longer matches
+    for pid in cm._supervisor.worker_pids():
+        os.kill(pid, signal.SIGKILL)
+    gate.open()
+    result = s.wait({"runId": first["runId"]})
+    assert result["status"] == "failed"
+    assert "diverged on replay" in result["error"]
+    assert "host:core:slow" in result["error"]
+
+
+def test_restart_safe_run_refuses_tools_not_marked_read_only(wcm):
+    code = "try { await tools.write({x: 1}); return 'wrote' } catch (e) { return e.message }"
+    result = exec_(wcm.session(), code, restartSafe=True)
+    assert "not read-only" in result["value"]
+
+
+def test_restart_safe_run_resumes_in_another_codemode_from_exported_journal(make_codemode, gate):
+    first_cm = make_codemode({"workers": 1, "timeoutMs": 300})
+    add_tools(first_cm, gate)
+    code = "const a = await tools.fast({n: 3}); text('x'); const b = await tools.sleepy({ms: 400, value: a * 7}); return b"
+    first = exec_(first_cm.session("s"), code, restartSafe=True)
+    assert first["status"] == "waiting"
+    data = first_cm.export_run(first["runId"])
+    assert isinstance(data, bytes)
+    second_cm = make_codemode({"workers": 1, "timeoutMs": 2000})
+    add_tools(second_cm, Gate())
+    run_id = second_cm.import_run(data, "s")
+    result = resume_until_done(second_cm.session("s"), second_cm.session("s").wait({"runId": run_id}))
+    assert result["status"] == "completed"
+    assert result["value"] == 21
+
+
+def test_journal_of_a_run_that_is_not_restart_safe_cannot_be_imported(wcm, make_codemode):
+    first = exec_(wcm.session(), "await yield_control(); return 1")
+    data = wcm.export_run(first["runId"])
+    other = make_codemode({"workers": 1})
+    with pytest.raises(CodemodeError, match="restartSafe"):
+        other.import_run(data, "default")
+
+
+CELL = """
+const results = [];
+for (const [i, ms] of INPUT.entries()) {
+  results.push(await tools.sleepy({ms, value: i * 3}));
+}
+const par = await Promise.all(INPUT.map((ms, i) => tools.sleepy({ms: ms / 2, value: i})));
+return {results, par, t: Date.now() > 0};
+"""
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(latencies=st.lists(st.integers(min_value=0, max_value=120), min_size=1, max_size=5), timeout=st.integers(100, 250))
+def test_any_latencies_and_deadline_give_the_value_of_an_unhurried_run(latencies, timeout, make_codemode):
+    gate = Gate()
+    code = CELL.replace("INPUT", str(latencies))
+    with CodeMode({"workers": 1, "timeoutMs": 10_000}) as patient:
+        add_tools(patient, gate)
+        expected = patient.session().exec({"code": code})
+    assert expected["status"] == "completed"
+    hurried = make_codemode({"workers": 1, "timeoutMs": timeout})
+    add_tools(hurried, gate)
+    s = hurried.session()
+    result = resume_until_done(s, s.exec({"code": code}), rounds=200)
+    assert result["status"] == "completed", result
+    assert result["value"] == expected["value"]
