@@ -74,3 +74,38 @@ def test_first_exec_on_new_codemode(benchmark):
             return cm.session().exec({"code": "return 1 + 1"})["value"]
 
     assert benchmark.pedantic(first, rounds=10, warmup_rounds=1) == 2
+
+
+YIELDING = "await yield_control(); return 1"
+TEN_THEN_YIELD = "let t = 0; for (let i = 0; i < 10; i++) t += await tools.double({x: i}); await yield_control(); return t"
+
+
+@pytest.mark.benchmark(group="resume")
+def test_wait_on_resident_run(benchmark, session):
+    """`wait` on a suspended run whose runtime is resident and whose pending call is answered."""
+
+    def suspend():
+        _pause()
+        waiting = session.exec({"code": YIELDING})
+        assert waiting["status"] == "waiting"
+        benchmark.extra_info["suspended_run_memory_bytes"] = waiting["telemetry"]["memoryBytes"]
+        return ({"runId": waiting["runId"]},), {}
+
+    assert benchmark.pedantic(session.wait, setup=suspend, rounds=300)["value"] == 1
+
+
+@pytest.mark.benchmark(group="resume")
+def test_wait_replaying_ten_journaled_calls(benchmark, session):
+    """`wait` when the resident runtime is gone: the journal (10 tool calls) is replayed into a
+    fresh engine, then the pending call is settled."""
+    runs = session.codemode._runs
+
+    def suspend_and_evict():
+        _pause()
+        waiting = session.exec({"code": TEN_THEN_YIELD})
+        assert waiting["status"] == "waiting"
+        (run,) = [r for r in runs.all() if r.run_id == waiting["runId"]]
+        session.codemode._supervisor.drop(run)  # the resident runtime is gone: wait must replay
+        return ({"runId": waiting["runId"]},), {}
+
+    assert benchmark.pedantic(session.wait, setup=suspend_and_evict, rounds=200)["value"] == 90

@@ -18,11 +18,6 @@ from ._engine import Engine, EngineInitError, __version__
 from .protocol import Configure, Drop, Fault, Ready, Replay, Report, Settle, Start
 
 
-#: After its idle work, a worker polls its pipe this long before it blocks: a cell that follows
-#: soon (the common case under load) then finds a warm CPU instead of a sleeping one.
-SPIN_S = 0.002
-
-
 def _limit(kind: int, value: int) -> None:
     soft, hard = resource.getrlimit(kind)
     cap = value if hard == resource.RLIM_INFINITY else min(value, hard)
@@ -141,11 +136,9 @@ def main() -> None:
         body = reader.poll()
         if body is None:
             worker.idle()
-            body = reader.spin(SPIN_S)
+            body = reader.read_blocking()
             if body is None:
-                body = reader.read_blocking()
-                if body is None:
-                    return
+                return
         reply = worker.handle(decode(body))
         if reply is not None:
             write_all(wfd, encode(reply))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import struct
-import time
 
 import msgspec
 
@@ -167,24 +166,6 @@ class FrameReader:
             return False
         self._buf += chunk
         return True
-
-    def spin(self, seconds: float) -> bytes | None:
-        """Polls without blocking for up to ``seconds``; the frame, or None (EOF shows later)."""
-        fd = self._fd
-        end = time.perf_counter() + seconds
-        os.set_blocking(fd, False)
-        try:
-            while True:
-                try:
-                    if not self.fill():
-                        return None
-                except BlockingIOError:
-                    pass
-                body = self.poll()
-                if body is not None or time.perf_counter() >= end:
-                    return body
-        finally:
-            os.set_blocking(fd, True)
 
     def read_blocking(self) -> bytes | None:
         """The next frame, blocking; None at end of file."""
