@@ -61,7 +61,7 @@ def write_all(fd: int, data: bytes) -> None:
     """Write all of ``data`` to ``fd``, looping over short writes."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def write_frame(fd: int, payload: bytes) -> None:

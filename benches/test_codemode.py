@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from codemode import CodeMode
 
 GAP_S = 0.002
@@ -77,7 +76,9 @@ def test_first_exec_on_new_codemode(benchmark):
 
 
 YIELDING = "await yield_control(); return 1"
-TEN_THEN_YIELD = "let t = 0; for (let i = 0; i < 10; i++) t += await tools.double({x: i}); await yield_control(); return t"
+TEN_THEN_YIELD = (
+    "let t = 0; for (let i = 0; i < 10; i++) t += await tools.double({x: i}); await yield_control(); return t"
+)
 
 
 @pytest.mark.benchmark(group="resume")

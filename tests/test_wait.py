@@ -275,7 +275,9 @@ def test_restart_safe_run_refuses_tools_not_marked_read_only(wcm):
 def test_restart_safe_run_resumes_in_another_codemode_from_exported_journal(make_codemode, gate):
     first_cm = make_codemode({"workers": 1, "timeoutMs": 300})
     add_tools(first_cm, gate)
-    code = "const a = await tools.fast({n: 3}); text('x'); const b = await tools.sleepy({ms: 400, value: a * 7}); return b"
+    code = (
+        "const a = await tools.fast({n: 3}); text('x'); const b = await tools.sleepy({ms: 400, value: a * 7}); return b"
+    )
     first = exec_(first_cm.session("s"), code, restartSafe=True)
     assert first["status"] == "waiting"
     data = first_cm.export_run(first["runId"])
@@ -307,7 +309,9 @@ return {results, par, t: Date.now() > 0};
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(latencies=st.lists(st.integers(min_value=0, max_value=120), min_size=1, max_size=5), timeout=st.integers(100, 250))
+@given(
+    latencies=st.lists(st.integers(min_value=0, max_value=120), min_size=1, max_size=5), timeout=st.integers(100, 250)
+)
 def test_any_latencies_and_deadline_give_the_value_of_an_unhurried_run(latencies, timeout, make_codemode):
     gate = Gate()
     code = CELL.replace("INPUT", str(latencies))

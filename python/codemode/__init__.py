@@ -26,7 +26,7 @@ if TYPE_CHECKING:
         WorkerCrashed,
         WorkerUnavailable,
     )
-    from .session import CodeMode, Completed, Failed, JsonOutput, Result, Session, Telemetry, TextOutput
+    from .session import CodeMode, Completed, Failed, JsonOutput, Result, Session, Telemetry, TextOutput, Waiting
     from .tools import Tool
 
 _HOME = {
@@ -47,10 +47,31 @@ _HOME = {
     "Session": "session",
     "Telemetry": "session",
     "TextOutput": "session",
+    "Waiting": "session",
     "Tool": "tools",
 }
 
-__all__ = sorted(_HOME)
+__all__ = [
+    "ClosedError",
+    "CodeMode",
+    "CodeModeConfig",
+    "CodemodeError",
+    "Completed",
+    "ConfigError",
+    "Failed",
+    "JsonOutput",
+    "ProtocolError",
+    "Result",
+    "Session",
+    "Telemetry",
+    "TextOutput",
+    "Tool",
+    "ToolDefinitionError",
+    "Waiting",
+    "WorkerCrashed",
+    "WorkerUnavailable",
+    "load_config",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -19,7 +19,7 @@ from .protocol import Configure, Drop, Fault, Ready, Replay, Report, Settle, Sta
 
 
 def _limit(kind: int, value: int) -> None:
-    soft, hard = resource.getrlimit(kind)
+    _soft, hard = resource.getrlimit(kind)
     cap = value if hard == resource.RLIM_INFINITY else min(value, hard)
     resource.setrlimit(kind, (cap, hard if hard != resource.RLIM_INFINITY else cap))
 

@@ -13,7 +13,7 @@ import msgspec
 
 from .errors import ConfigError
 
-__all__ = ["CodeModeConfig", "BOUNDS", "load_config"]
+__all__ = ["BOUNDS", "CodeModeConfig", "load_config"]
 
 Language = Literal["javascript", "typescript"]
 

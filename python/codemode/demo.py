@@ -13,7 +13,7 @@ from typing import Any
 
 from .session import CodeMode
 
-__all__ = ["register_demo_tools", "DEMO_CELL", "main"]
+__all__ = ["DEMO_CELL", "main", "register_demo_tools"]
 
 CUSTOMERS = [
     {"id": "c1", "name": "Acme Freight", "country": "DE", "tier": "gold"},

@@ -8,11 +8,11 @@ host must know about.
 from __future__ import annotations
 
 __all__ = [
+    "ClosedError",
     "CodemodeError",
     "ConfigError",
-    "ToolDefinitionError",
-    "ClosedError",
     "ProtocolError",
+    "ToolDefinitionError",
     "WorkerCrashed",
     "WorkerUnavailable",
 ]

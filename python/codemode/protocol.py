@@ -18,19 +18,19 @@ import msgspec
 from .errors import ProtocolError
 
 __all__ = [
-    "Configure",
-    "Start",
-    "Settle",
-    "Drop",
-    "Replay",
-    "Ready",
-    "Report",
-    "Fault",
-    "HostFrame",
-    "WorkerFrame",
-    "FrameReader",
-    "encode",
     "MAX_FRAME_BYTES",
+    "Configure",
+    "Drop",
+    "Fault",
+    "FrameReader",
+    "HostFrame",
+    "Ready",
+    "Replay",
+    "Report",
+    "Settle",
+    "Start",
+    "WorkerFrame",
+    "encode",
 ]
 
 #: Cap on one frame in either direction (tool results and cell sources included).
@@ -134,7 +134,7 @@ class FrameReader:
     (the caller has checked the descriptor is readable, or accepts blocking).
     """
 
-    __slots__ = ("_fd", "_buf", "_max")
+    __slots__ = ("_buf", "_fd", "_max")
 
     def __init__(self, fd: int, max_bytes: int = MAX_FRAME_BYTES) -> None:
         self._fd = fd

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from .supervisor import WorkerProcess
     from .tools import Dispatcher
 
-__all__ = ["Journal", "JournalCall", "Run", "RunTable", "RunLookupError", "input_hash", "MAX_SUSPENDED_RUNS"]
+__all__ = ["MAX_SUSPENDED_RUNS", "Journal", "JournalCall", "Run", "RunLookupError", "RunTable", "input_hash"]
 
 #: Suspended runs one ``CodeMode`` keeps at once (the spec's per-process bound).
 MAX_SUSPENDED_RUNS = 64

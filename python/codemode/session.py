@@ -26,7 +26,7 @@ from .runs import TOO_MANY, Journal, Run, RunLookupError, RunTable
 from .supervisor import Step, Supervisor
 from .tools import BackgroundLoop, Dispatcher, Tool, ToolRegistry
 
-__all__ = ["CodeMode", "Session", "Completed", "Failed", "Waiting", "Result", "Telemetry", "TextOutput", "JsonOutput"]
+__all__ = ["CodeMode", "Completed", "Failed", "JsonOutput", "Result", "Session", "Telemetry", "TextOutput", "Waiting"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -121,6 +121,7 @@ class CodeMode:
     @overload
     def tool(
         self,
+        /,
         *,
         name: str | None = None,
         description: str | None = None,
@@ -157,7 +158,7 @@ class CodeMode:
         return [t for t in (self._registry.get(i) for i in sorted(self._registry._tools)) if t is not None]
 
     def _configuration(self) -> Configure:
-        version, catalog = self._registry.catalog_json()
+        _version, catalog = self._registry.catalog_json()
         with self._configure_lock:
             current = self._configure
             if current is None or current.catalog_json is not catalog:
@@ -364,7 +365,11 @@ class CodeMode:
         run = Run(RunTable.new_id(), session_id, journal, Dispatcher(self._registry, self._loop.get, read_only=True))
         journal.session_id = session_id
         settled = journal.settled_ids()
-        redo = [(c.id, c.tool, journal.open_inputs[c.id]) for c in journal.calls if c.id not in settled and c.id in journal.open_inputs]
+        redo = [
+            (c.id, c.tool, journal.open_inputs[c.id])
+            for c in journal.calls
+            if c.id not in settled and c.id in journal.open_inputs
+        ]
         run.yields.extend(c.id for c in journal.calls if c.id not in settled and c.tool == _engine.YIELD_TOOL)
         if not self._runs.suspend(run):
             raise CodemodeError(TOO_MANY)
@@ -425,9 +430,7 @@ class Session:
     async def wait_async(self, args: dict[str, Any]) -> dict[str, Any]:
         return (await asyncio.to_thread(self.codemode._wait, self._scope, args)).to_dict()
 
-    async def run_async(
-        self, code: str, *, language: Literal["javascript", "typescript"] = "javascript"
-    ) -> Result:
+    async def run_async(self, code: str, *, language: Literal["javascript", "typescript"] = "javascript") -> Result:
         loop = asyncio.get_running_loop()
         args = {"code": code, "language": language}
         return await asyncio.to_thread(self.codemode._exec, self._scope, args, lambda: loop)

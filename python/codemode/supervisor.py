@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+
 import msgspec
 
 from . import protocol
@@ -40,7 +41,7 @@ from .errors import ClosedError, ProtocolError, WorkerCrashed, WorkerUnavailable
 from .protocol import Configure, Drop, Fault, Ready, Replay, Report, Settle, Start
 from .runs import JournalCall, Run, input_hash
 
-__all__ = ["Supervisor", "Step", "KILL_GRACE_S"]
+__all__ = ["KILL_GRACE_S", "Step", "Supervisor"]
 
 #: How long past the deadline a worker may take to report before it is killed.
 KILL_GRACE_S = 0.25
@@ -303,13 +304,19 @@ class Supervisor:
             return step
         worker = run.worker
         if worker is not None and self._claim(worker):
+            run.journal.batches.append(results)
             try:
-                worker.send(Settle(run.engine_run, results, timeout_ms))
-                run.journal.batches.append(results)
+                try:
+                    worker.send(Settle(run.engine_run, results, timeout_ms))
+                except WorkerCrashed:
+                    self._release(worker, discard=True)
+                    raise
                 return self._drive(worker, run, deadline, step)
             except WorkerCrashed:
                 if step.reports:
                     return step
+                # It died before it took these results: they are still to be delivered.
+                run.journal.batches.pop()
                 step = Step()
         # The resident runtime is gone: rebuild it from the journal, then settle.
         run.worker = None
@@ -359,12 +366,15 @@ class Supervisor:
         try:
             report = worker.recv(deadline + KILL_GRACE_S)
             expected = [(c.id, c.tool, c.input_hash) for c in journal.calls]
-            got = [(call_id, tool, input_hash(data)) for call_id, tool, data in report.calls] if isinstance(
-                report, Report
-            ) else []
+            got = (
+                [(call_id, tool, input_hash(data)) for call_id, tool, data in report.calls]
+                if isinstance(report, Report)
+                else []
+            )
             if not isinstance(report, Report) or report.run != run.engine_run:
                 raise ProtocolError(f"worker {worker.pid} answered a replay out of order")
             if report.status != "pending" or got != expected:
+                worker.send(Drop(run.engine_run))
                 self._release(worker)
                 step.failure = _failed(
                     "internal_error",
@@ -503,7 +513,7 @@ class Supervisor:
 
 
 def _divergence(expected: list[tuple[int, str, str]], got: list[tuple[int, str, str]], status: str) -> str:
-    for i, (want, have) in enumerate(zip(expected, got)):
+    for i, (want, have) in enumerate(zip(expected, got, strict=False)):
         if want != have:
             return f"call {i + 1} was {have[1]} (input {have[2][:8]}), the journal has {want[1]} (input {want[2][:8]})"
     if len(got) != len(expected):

@@ -22,7 +22,7 @@ import msgspec
 
 from .errors import ToolDefinitionError
 
-__all__ = ["Tool", "ToolRegistry", "Dispatcher", "BackgroundLoop"]
+__all__ = ["BackgroundLoop", "Dispatcher", "Tool", "ToolRegistry"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
 _OWNER = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -75,7 +75,7 @@ class ToolRegistry:
     ) -> Tool:
         if not callable(fn):
             raise ToolDefinitionError(f"a tool must be callable, not {type(fn).__name__}")
-        name = name or getattr(fn, "__name__", "")
+        name = name or str(getattr(fn, "__name__", ""))
         if not _NAME.match(name):
             raise ToolDefinitionError(f"invalid tool name {name!r}")
         if not _OWNER.match(owner):
@@ -234,8 +234,10 @@ class Dispatcher:
         if future.cancelled():
             return
         exc = future.exception()
-        result = (call_id, False, _error_message(tool_id, exc)) if exc else self._encode_result(
-            call_id, tool_id, future.result()
+        result = (
+            (call_id, False, _error_message(tool_id, exc))
+            if exc
+            else self._encode_result(call_id, tool_id, future.result())
         )
         with self._lock:
             if self._futures.pop(call_id, None) is None:

@@ -526,15 +526,16 @@ impl Engine {
 }
 
 /// Reads the pending exception (or the error) as `(name, message, stack)` through the prelude.
-fn describe(ctx: &Ctx<'_>, describe_error: &Persistent<Function<'static>>, error: rquickjs::Error) -> (String, String, String) {
+fn describe(
+    ctx: &Ctx<'_>,
+    describe_error: &Persistent<Function<'static>>,
+    error: rquickjs::Error,
+) -> (String, String, String) {
     let value = match error {
         rquickjs::Error::Exception => ctx.catch(),
         other => return ("Error".into(), other.to_string(), String::new()),
     };
-    let described = describe_error
-        .clone()
-        .restore(ctx)
-        .and_then(|f| f.call::<_, Vec<String>>((value,)));
+    let described = describe_error.clone().restore(ctx).and_then(|f| f.call::<_, Vec<String>>((value,)));
     match described {
         Ok(mut parts) if parts.len() == 3 => {
             let stack = parts.pop().unwrap_or_default();
@@ -573,7 +574,10 @@ fn install_prelude<'js>(
     let install = unsafe {
         let object = qjs::JS_ReadObject(raw, bytecode.as_ptr(), bytecode.len() as _, qjs::JS_READ_OBJ_BYTECODE as i32);
         if qjs::JS_IsException(object) {
-            return Err(EngineError(format!("prelude bytecode does not load: {}", caught(ctx, rquickjs::Error::Exception))));
+            return Err(EngineError(format!(
+                "prelude bytecode does not load: {}",
+                caught(ctx, rquickjs::Error::Exception)
+            )));
         }
         let value = qjs::JS_EvalFunction(raw, object);
         if qjs::JS_IsException(value) {
@@ -588,27 +592,33 @@ fn install_prelude<'js>(
     let call_state = state.clone();
     host.set(
         "call",
-        Function::new(ctx.clone(), move |ctx: Ctx<'js>, tool: String, input: String| -> rquickjs::Result<Promise<'js>> {
-            let mut st = call_state.borrow_mut();
-            if st.resolvers.len() >= st.limits.max_pending_calls {
-                return Err(Exception::throw_message(
-                    &ctx,
-                    &format!("too many pending tool calls: at most {} may be in flight.", st.limits.max_pending_calls),
-                ));
-            }
-            if input.len() > st.limits.max_bridge_bytes {
-                return Err(Exception::throw_range(
-                    &ctx,
-                    &format!("tool input is larger than the bridge limit ({} bytes).", st.limits.max_bridge_bytes),
-                ));
-            }
-            let (promise, resolve, reject) = ctx.promise()?;
-            st.next_call_id = st.next_call_id.wrapping_add(1);
-            let id = st.next_call_id;
-            st.resolvers.insert(id, (Persistent::save(&ctx, resolve), Persistent::save(&ctx, reject)));
-            st.new_calls.push(ToolCall { id, tool, input_json: input });
-            Ok(promise)
-        })?,
+        Function::new(
+            ctx.clone(),
+            move |ctx: Ctx<'js>, tool: String, input: String| -> rquickjs::Result<Promise<'js>> {
+                let mut st = call_state.borrow_mut();
+                if st.resolvers.len() >= st.limits.max_pending_calls {
+                    return Err(Exception::throw_message(
+                        &ctx,
+                        &format!(
+                            "too many pending tool calls: at most {} may be in flight.",
+                            st.limits.max_pending_calls
+                        ),
+                    ));
+                }
+                if input.len() > st.limits.max_bridge_bytes {
+                    return Err(Exception::throw_range(
+                        &ctx,
+                        &format!("tool input is larger than the bridge limit ({} bytes).", st.limits.max_bridge_bytes),
+                    ));
+                }
+                let (promise, resolve, reject) = ctx.promise()?;
+                st.next_call_id = st.next_call_id.wrapping_add(1);
+                let id = st.next_call_id;
+                st.resolvers.insert(id, (Persistent::save(&ctx, resolve), Persistent::save(&ctx, reject)));
+                st.new_calls.push(ToolCall { id, tool, input_json: input });
+                Ok(promise)
+            },
+        )?,
     )?;
 
     let emit_state = state.clone();
@@ -644,7 +654,8 @@ fn install_prelude<'js>(
     host.set("searchDefaultLimit", limits.search_default_limit as f64)?;
     host.set("maxSearchLimit", limits.max_search_limit as f64)?;
 
-    let internals: Object = install.call((host,)).map_err(|e| EngineError(format!("prelude install: {}", caught(ctx, e))))?;
+    let internals: Object =
+        install.call((host,)).map_err(|e| EngineError(format!("prelude install: {}", caught(ctx, e))))?;
     let get = |name: &str| -> Result<Persistent<Function<'static>>, EngineError> {
         let f: Function = internals.get(name)?;
         Ok(Persistent::save(ctx, f))

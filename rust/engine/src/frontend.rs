@@ -30,8 +30,7 @@ use std::path::Path;
 
 use oxc_allocator::Allocator;
 use oxc_ast::ast::{
-    CallExpression, Expression, ImportExpression, ImportMeta, Program, TSImportEqualsDeclaration,
-    TSModuleReference,
+    CallExpression, Expression, ImportExpression, ImportMeta, Program, TSImportEqualsDeclaration, TSModuleReference,
 };
 use oxc_ast_visit::{walk, Visit};
 use oxc_codegen::Codegen;
@@ -147,9 +146,7 @@ fn prepare_inner(source: &str, language: Language) -> Result<String, FrontendErr
         enable_ident_hashes: language == Language::TypeScript,
         ..ParseOptions::default()
     };
-    let parsed = Parser::new(&allocator, source, source_type)
-        .with_options(options)
-        .parse();
+    let parsed = Parser::new(&allocator, source, source_type).with_options(options).parse();
     check_parse(source, &parsed)?;
     let ParserReturn { mut program, .. } = parsed;
 
@@ -176,11 +173,7 @@ fn prepare_inner(source: &str, language: Language) -> Result<String, FrontendErr
 fn check_parse(source: &str, parsed: &ParserReturn<'_>) -> Result<(), FrontendError> {
     let mut diagnostics = convert(source, parsed.diagnostics.errors());
     if parsed.panicked && diagnostics.is_empty() {
-        diagnostics.push(Diagnostic {
-            message: "failed to parse the cell".to_string(),
-            line: 1,
-            column: 1,
-        });
+        diagnostics.push(Diagnostic { message: "failed to parse the cell".to_string(), line: 1, column: 1 });
     }
     if diagnostics.is_empty() {
         Ok(())
@@ -199,11 +192,7 @@ fn check_parse(source: &str, parsed: &ParserReturn<'_>) -> Result<(), FrontendEr
 ///   an empty `env`, i.e. no syntax lowering (target is effectively ESNext).
 /// * Spans are unchanged by semantic/transform, so their diagnostics map to
 ///   the original source directly. Top-level `return`/`await` survive as is.
-fn strip_types<'a>(
-    allocator: &'a Allocator,
-    source: &str,
-    program: &mut Program<'a>,
-) -> Result<String, FrontendError> {
+fn strip_types<'a>(allocator: &'a Allocator, source: &str, program: &mut Program<'a>) -> Result<String, FrontendError> {
     let semantic = SemanticBuilder::new().with_enum_eval(true).build(program);
     // Without `with_check_syntax_error` this only reports binder errors such as
     // redeclarations; reporting them here gives original-source positions.
@@ -214,8 +203,7 @@ fn strip_types<'a>(
     let scoping = semantic.semantic.into_scoping();
 
     let options = TransformOptions::default();
-    let transformed = Transformer::new(allocator, Path::new("cell.ts"), &options)
-        .build_with_scoping(scoping, program);
+    let transformed = Transformer::new(allocator, Path::new("cell.ts"), &options).build_with_scoping(scoping, program);
     let diagnostics = convert(source, transformed.diagnostics.errors());
     if !diagnostics.is_empty() {
         return Err(FrontendError::Syntax(diagnostics));
@@ -225,27 +213,15 @@ fn strip_types<'a>(
 }
 
 /// Convert oxc diagnostics to ours, positioned at their most relevant label.
-fn convert<'d>(
-    source: &str,
-    diagnostics: impl Iterator<Item = &'d OxcDiagnostic>,
-) -> Vec<Diagnostic> {
+fn convert<'d>(source: &str, diagnostics: impl Iterator<Item = &'d OxcDiagnostic>) -> Vec<Diagnostic> {
     diagnostics
         .map(|d| {
             // Prefer the primary label; otherwise the last one, because
             // multi-label oxc errors are mostly "declared here" + "redeclared
             // here", where the last label is the offending site.
-            let offset = d
-                .labels
-                .iter()
-                .find(|l| l.primary())
-                .or_else(|| d.labels.last())
-                .map_or(0, |l| l.offset());
+            let offset = d.labels.iter().find(|l| l.primary()).or_else(|| d.labels.last()).map_or(0, |l| l.offset());
             let (line, column) = line_col(source, offset);
-            Diagnostic {
-                message: d.message.to_string(),
-                line,
-                column,
-            }
+            Diagnostic { message: d.message.to_string(), line, column }
         })
         .collect()
 }
@@ -254,9 +230,7 @@ fn convert<'d>(
 /// QuickJS counts them); the column counts chars. Out-of-range or
 /// mid-character offsets are clamped instead of panicking.
 fn line_col(source: &str, offset: u32) -> (u32, u32) {
-    let mut end = usize::try_from(offset)
-        .unwrap_or(usize::MAX)
-        .min(source.len());
+    let mut end = usize::try_from(offset).unwrap_or(usize::MAX).min(source.len());
     while end > 0 && !source.is_char_boundary(end) {
         end -= 1;
     }
@@ -278,11 +252,7 @@ fn to_u32(n: usize) -> u32 {
 /// lowers to plain code (`export` inside a `namespace`, or inside an ambient
 /// `declare module` that is erased).
 fn find_module_access(program: &Program<'_>) -> Option<u32> {
-    let top_level = program
-        .body
-        .iter()
-        .find(|stmt| stmt.is_module_declaration())
-        .map(|stmt| stmt.span().start);
+    let top_level = program.body.iter().find(|stmt| stmt.is_module_declaration()).map(|stmt| stmt.span().start);
     let mut finder = ModuleAccessFinder { first: top_level };
     finder.visit_program(program);
     finder.first
@@ -325,10 +295,7 @@ impl<'a> Visit<'a> for ModuleAccessFinder {
     /// TypeScript `import x = require("m")`; aliases like `import A = N.B`
     /// are plain value bindings and stay allowed.
     fn visit_ts_import_equals_declaration(&mut self, it: &TSImportEqualsDeclaration<'a>) {
-        if matches!(
-            it.module_reference,
-            TSModuleReference::ExternalModuleReference(_)
-        ) {
+        if matches!(it.module_reference, TSModuleReference::ExternalModuleReference(_)) {
             self.record(it.span.start);
             return;
         }
@@ -373,17 +340,14 @@ mod tests {
 
     #[test]
     fn js_top_level_await_and_return() {
-        let src =
-            "const r = await tools.search({ q: 'x' });\nif (!r) return null;\nreturn r.items;";
+        let src = "const r = await tools.search({ q: 'x' });\nif (!r) return null;\nreturn r.items;";
         assert_eq!(js(src).as_deref(), Ok(src));
     }
 
     #[test]
     fn ts_top_level_await_and_return() {
-        let out = ts(
-            "const r: number = await Promise.resolve(1);\nif (r > 2) { return r }\nreturn r + 1;",
-        )
-        .unwrap_or_else(|e| panic!("{}", e.message()));
+        let out = ts("const r: number = await Promise.resolve(1);\nif (r > 2) { return r }\nreturn r + 1;")
+            .unwrap_or_else(|e| panic!("{}", e.message()));
         assert!(out.contains("await Promise.resolve(1)"), "{out}");
         assert!(out.contains("return r;"), "{out}");
         assert!(out.contains("return r + 1;"), "{out}");
@@ -403,26 +367,10 @@ mod tests {
                    const cfg = { a: 1 } satisfies Record<string, number>;\n\
                    return [it.id, Color.Green, NS.k, new Box<number>(2).get(), cfg.a];\n";
         let out = ts(src).unwrap_or_else(|e| panic!("{}", e.message()));
-        for banned in [
-            "interface",
-            "type Id",
-            ": number",
-            "<T>",
-            "<Item>",
-            " as ",
-            "satisfies",
-            "private",
-            ")!",
-        ] {
+        for banned in ["interface", "type Id", ": number", "<T>", "<Item>", " as ", "satisfies", "private", ")!"] {
             assert!(!out.contains(banned), "{banned:?} survived in:\n{out}");
         }
-        for kept in [
-            "Color",
-            "NS",
-            "this.v = v",
-            "await tools.list()",
-            "return [",
-        ] {
+        for kept in ["Color", "NS", "this.v = v", "await tools.list()", "return ["] {
             assert!(out.contains(kept), "{kept:?} missing in:\n{out}");
         }
         // The output must itself be valid JavaScript (as a cell).
@@ -449,11 +397,7 @@ mod tests {
 
     #[test]
     fn message_caps_at_five() {
-        let d = Diagnostic {
-            message: "m".into(),
-            line: 1,
-            column: 1,
-        };
+        let d = Diagnostic { message: "m".into(), line: 1, column: 1 };
         let e = FrontendError::Syntax(vec![d; 8]);
         assert_eq!(e.message().lines().count(), 5);
     }
@@ -467,35 +411,19 @@ mod tests {
     #[test]
     fn module_access_rejected() {
         assert_eq!(module_access_at(js("import x from \"y\";")), (1, 1));
-        assert_eq!(
-            module_access_at(js("const q = 1;\nexport const a=1;")),
-            (2, 1)
-        );
-        assert_eq!(
-            module_access_at(js("const fs = await import(\"fs\");")),
-            (1, 18)
-        );
+        assert_eq!(module_access_at(js("const q = 1;\nexport const a=1;")), (2, 1));
+        assert_eq!(module_access_at(js("const fs = await import(\"fs\");")), (1, 18));
         assert_eq!(module_access_at(js("return import.meta.url;")), (1, 8));
         assert_eq!(module_access_at(js("const fs = require(\"fs\");")), (1, 12));
         assert_eq!(module_access_at(js("f(1, g((require)('x')))")), (1, 8));
         assert_eq!(module_access_at(js("require?.('x')")), (1, 1));
         assert_eq!(module_access_at(ts("import type { A } from 'a';")), (1, 1));
         assert_eq!(module_access_at(ts("import fs = require('fs');")), (1, 1));
-        assert_eq!(
-            module_access_at(ts("const x = require('fs') as any;")),
-            (1, 11)
-        );
+        assert_eq!(module_access_at(ts("const x = require('fs') as any;")), (1, 11));
         // earliest offending node wins
         assert_eq!(module_access_at(js("require('a');\nexport {};")), (1, 1));
-        let e = FrontendError::ModuleAccess(Diagnostic {
-            message: MODULE_ACCESS_MESSAGE.into(),
-            line: 2,
-            column: 1,
-        });
-        assert_eq!(
-            e.message(),
-            "code mode module access is disabled. (line 2:1)"
-        );
+        let e = FrontendError::ModuleAccess(Diagnostic { message: MODULE_ACCESS_MESSAGE.into(), line: 2, column: 1 });
+        assert_eq!(e.message(), "code mode module access is disabled. (line 2:1)");
     }
 
     #[test]
@@ -524,18 +452,7 @@ mod tests {
 
     #[test]
     fn weird_inputs_do_not_panic() {
-        for src in [
-            "",
-            "\u{feff}",
-            "}",
-            "`${",
-            "/*",
-            "'\n'",
-            "return",
-            "await",
-            "\u{2028}x",
-            "a\r\nb )",
-        ] {
+        for src in ["", "\u{feff}", "}", "`${", "/*", "'\n'", "return", "await", "\u{2028}x", "a\r\nb )"] {
             let _ = js(src);
             let _ = ts(src);
         }
@@ -555,10 +472,9 @@ mod tests {
                       const best = top<Hit>(page.items, 3)!;\n\
                       const mode: Mode = Mode.Fast;\n\
                       return { ids: best.map((h) => h.id), mode };\n";
-        for (name, src, lang) in [
-            ("js 3-line", js_src, Language::JavaScript),
-            ("ts 10-line", ts_src, Language::TypeScript),
-        ] {
+        for (name, src, lang) in
+            [("js 3-line", js_src, Language::JavaScript), ("ts 10-line", ts_src, Language::TypeScript)]
+        {
             for _ in 0..50 {
                 assert!(prepare(src, lang).is_ok());
             }
@@ -567,10 +483,7 @@ mod tests {
             for _ in 0..n {
                 let _ = std::hint::black_box(prepare(std::hint::black_box(src), lang));
             }
-            println!(
-                "prepare() {name}: {:?} per call (warm, avg of {n})",
-                start.elapsed() / n
-            );
+            println!("prepare() {name}: {:?} per call (warm, avg of {n})", start.elapsed() / n);
         }
     }
 }

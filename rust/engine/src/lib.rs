@@ -8,6 +8,9 @@ pub mod engine;
 pub mod frontend;
 pub mod limits;
 
-pub use engine::{prelude_hash, Engine, YIELD_TOOL, EngineError, ErrorCode, Failure, Outcome, Output, OutputKind, Settlement, Status, ToolCall};
+pub use engine::{
+    prelude_hash, Engine, EngineError, ErrorCode, Failure, Outcome, Output, OutputKind, Settlement, Status, ToolCall,
+    YIELD_TOOL,
+};
 pub use frontend::Language;
 pub use limits::Limits;

@@ -27,7 +27,10 @@ fn failure_code(status: &Status) -> Option<ErrorCode> {
 #[test]
 fn returns_json_value_of_the_cell() {
     assert_eq!(run("return 1 + 1"), Status::Completed("2".into()));
-    assert_eq!(run("const a = await Promise.resolve({x: [1, 'two']}); return a"), Status::Completed(r#"{"x":[1,"two"]}"#.into()));
+    assert_eq!(
+        run("const a = await Promise.resolve({x: [1, 'two']}); return a"),
+        Status::Completed(r#"{"x":[1,"two"]}"#.into())
+    );
 }
 
 #[test]
@@ -35,7 +38,10 @@ fn non_json_values_fall_back_to_json_safe_forms() {
     assert_eq!(run("return undefined"), Status::Completed("null".into()));
     assert_eq!(run("return function named() {}"), Status::Completed(r#""[Function: named]""#.into()));
     assert_eq!(run("return 12n"), Status::Completed(r#""12""#.into()));
-    assert_eq!(run("const a = {n: 1}; a.self = a; return a"), Status::Completed(r#"{"n":1,"self":"[Circular]"}"#.into()));
+    assert_eq!(
+        run("const a = {n: 1}; a.self = a; return a"),
+        Status::Completed(r#"{"n":1,"self":"[Circular]"}"#.into())
+    );
     assert_eq!(run("return [NaN, Infinity]"), Status::Completed("[null,null]".into()));
 }
 
@@ -129,7 +135,9 @@ fn memory_bombs_end_the_run_even_when_caught() {
 #[test]
 fn rope_string_doubling_fails_clearly() {
     match run("let s = 'x'; while (true) s += s") {
-        Status::Failed(f) => assert!(f.message == "string too long" || f.code == Some(ErrorCode::MemoryLimitExceeded), "{f:?}"),
+        Status::Failed(f) => {
+            assert!(f.message == "string too long" || f.code == Some(ErrorCode::MemoryLimitExceeded), "{f:?}")
+        }
         other => panic!("{other:?}"),
     }
 }
@@ -138,7 +146,12 @@ fn rope_string_doubling_fails_clearly() {
 fn output_flood_is_cut() {
     let limits = Limits { max_output_bytes: 1024, ..Limits::default() };
     let status = engine_with(limits)
-        .start("try { while (true) text('xxxxxxxx') } catch (e) { return 'swallowed' }", Language::JavaScript, 2000.0, 1)
+        .start(
+            "try { while (true) text('xxxxxxxx') } catch (e) { return 'swallowed' }",
+            Language::JavaScript,
+            2000.0,
+            1,
+        )
         .status;
     assert_eq!(failure_code(&status), Some(ErrorCode::OutputLimitExceeded));
     let status = engine_with(limits).start("return 'y'.repeat(5000)", Language::JavaScript, 2000.0, 1).status;
@@ -147,7 +160,8 @@ fn output_flood_is_cut() {
 
 #[test]
 fn outputs_keep_call_order() {
-    let out = engine().start("text('a'); json({b: 1}); console.warn('c', 2); return null", Language::JavaScript, 2000.0, 1);
+    let out =
+        engine().start("text('a'); json({b: 1}); console.warn('c', 2); return null", Language::JavaScript, 2000.0, 1);
     let kinds: Vec<_> = out.outputs.iter().map(|o| (o.kind, o.text.as_str())).collect();
     assert_eq!(kinds, vec![(OutputKind::Text, "a"), (OutputKind::Json, r#"{"b":1}"#), (OutputKind::Warn, "c 2")]);
 }
@@ -195,7 +209,8 @@ fn random_is_seeded_and_clock_replays() {
     assert_ne!(a, c);
     let mut e = engine();
     e.replay_clock(&[1000.0, 2000.0]);
-    let out = e.start("return [Date.now(), new Date().getTime(), new Date(5).getTime()]", Language::JavaScript, 2000.0, 1);
+    let out =
+        e.start("return [Date.now(), new Date().getTime(), new Date(5).getTime()]", Language::JavaScript, 2000.0, 1);
     assert_eq!(out.status, Status::Completed("[1000,2000,5]".into()));
     assert_eq!(out.clock_reads, vec![1000.0, 2000.0]);
 }
@@ -203,7 +218,12 @@ fn random_is_seeded_and_clock_replays() {
 #[test]
 fn typescript_cells_run() {
     let status = engine()
-        .start("interface P { x: number }\nconst p: P = { x: 41 };\nreturn (p.x as number) + 1;", Language::TypeScript, 2000.0, 1)
+        .start(
+            "interface P { x: number }\nconst p: P = { x: 41 };\nreturn (p.x as number) + 1;",
+            Language::TypeScript,
+            2000.0,
+            1,
+        )
         .status;
     assert_eq!(status, Status::Completed("42".into()));
 }

@@ -112,5 +112,6 @@ fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("PRELUDE_HASH", format!("{:016x}", codemode_engine::prelude_hash()))?;
     m.add("YIELD_TOOL", codemode_engine::YIELD_TOOL)?;
+    m.add("__all__", ["PRELUDE_HASH", "YIELD_TOOL", "Engine", "EngineInitError", "__version__"])?;
     Ok(())
 }

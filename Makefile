@@ -1,0 +1,107 @@
+# Build entry points for codemode (Python package + Rust core).
+#
+# Everything runs from a project-local virtualenv (.venv) that `make` creates
+# on demand with `python3 -m venv`; nothing is installed outside it.
+# Stamp files (inside .venv/ and dist/) keep repeated runs cheap: deps are
+# reinstalled only when pyproject.toml changes, the extension is rebuilt only
+# when a Rust input changes, the wheel only when one of its inputs changes.
+
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+.DELETE_ON_ERROR:
+MAKEFLAGS += --no-builtin-rules
+
+PYTHON ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+PIP := $(VPY) -m pip --disable-pip-version-check --no-input -q
+MATURIN := $(VENV)/bin/maturin
+
+DEV_DEPS := maturin msgspec pytest pytest-timeout pytest-benchmark hypothesis ruff mypy
+
+DEPS_STAMP := $(VENV)/.deps-stamp
+BUILD_STAMP := $(VENV)/.build-stamp
+WHEEL_STAMP := dist/.wheel-stamp
+
+# Every file under rust/ counts (*.rs, *.js, and anything pulled in with
+# include_str!/include_bytes!), plus the workspace manifests.
+RUST_INPUTS := $(shell find rust -type f -not -path '*/target/*' 2>/dev/null) Cargo.toml Cargo.lock pyproject.toml
+# The wheel also packages the Python sources and README (project metadata).
+PY_INPUTS := $(shell find python -type f -not -name '*.so' -not -name '*.pyc' -not -path '*/__pycache__/*' 2>/dev/null)
+WHEEL_INPUTS := $(RUST_INPUTS) $(PY_INPUTS) README.md
+
+# Force a rebuild when the artifact a stamp vouches for has gone missing.
+EXT_FORCE := $(if $(wildcard python/codemode/_engine*.so),,FORCE)
+WHEEL_FORCE := $(if $(wildcard dist/codemode-*.whl),,FORCE)
+
+export PIP_NO_INPUT := 1
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: help venv build test test-wheel lint demo bench wheel clean FORCE
+
+help: ## Show this help
+	@echo "usage: make <target>"
+	@echo
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) \
+	  | awk 'BEGIN {FS = ":.*## "}; {printf "  %-11s %s\n", $$1, $$2}'
+
+venv: $(DEPS_STAMP) ## (internal) Create .venv and install the dev tools (reinstalls when pyproject.toml changes)
+
+$(DEPS_STAMP): pyproject.toml
+	@test -x $(VPY) || { echo ">> creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	@echo ">> installing dev dependencies into $(VENV)"
+	$(PIP) install $(DEV_DEPS)
+	@touch $@
+
+build: $(BUILD_STAMP) ## Build the Rust extension (release) and install codemode editable into .venv
+
+$(BUILD_STAMP): $(RUST_INPUTS) $(DEPS_STAMP) $(EXT_FORCE)
+	@echo ">> maturin develop --release"
+	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(MATURIN) develop --release -q
+	@touch $@
+
+test: build wheel ## Run cargo tests, then pytest (includes installing the built wheel into a fresh venv)
+	cargo test --release --workspace --exclude codemode-pyext
+	CODEMODE_WHEEL_TEST=1 $(VPY) -m pytest tests -q
+
+test-wheel: wheel ## Only the wheel smoke test (fresh venv + pip install of dist/*.whl)
+	CODEMODE_WHEEL_TEST=1 $(VPY) -m pytest tests/test_wheel.py -q
+
+lint: build ## Run rustfmt, clippy, ruff (lint + format), mypy and stubtest checks (all of them; fails if any fails)
+	@rc=0; for cmd in \
+	  "cargo fmt --all --check" \
+	  "cargo clippy --workspace --all-targets -- -D warnings" \
+	  "$(VENV)/bin/ruff check python tests benches" \
+	  "$(VENV)/bin/ruff format --check python tests benches" \
+	  "$(VENV)/bin/mypy" \
+	  "$(VPY) -m mypy.stubtest codemode._engine"; do \
+	  echo ">> $$cmd"; $$cmd || { echo "!! failed: $$cmd"; rc=1; }; \
+	done; exit $$rc
+
+demo: build ## Run the demo (python -m codemode.demo)
+	$(VPY) -m codemode.demo
+
+bench: build ## Run the pytest-benchmark suite in benches/ (installs pydantic-monty for the peer baselines)
+	@$(VPY) -c 'import pydantic_monty' 2>/dev/null || { echo ">> installing pydantic-monty"; $(PIP) install pydantic-monty; }
+	$(VPY) -m pytest benches --benchmark-only --benchmark-enable \
+	  --benchmark-columns=min,median,mean,ops -q -p no:cacheprovider
+
+wheel: $(WHEEL_STAMP) ## Build the abi3 manylinux2014 (manylinux_2_17) wheel into dist/ with maturin + zig
+
+$(WHEEL_STAMP): $(WHEEL_INPUTS) $(DEPS_STAMP) $(WHEEL_FORCE)
+	@$(VPY) -c 'import ziglang' 2>/dev/null || { echo ">> installing ziglang"; $(PIP) install ziglang; }
+	@mkdir -p dist && rm -f dist/codemode-*.whl
+	@echo ">> maturin build --release --zig --compatibility manylinux2014"
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(MATURIN) build --release --zig \
+	  --compatibility manylinux2014 -i $(VPY) -o dist -q
+	@whl=$$(ls dist/codemode-*.whl); echo ">> built $$whl"; \
+	  case "$$whl" in *abi3*manylinux*) ;; *) echo "error: expected an abi3 manylinux wheel, got $$whl" >&2; exit 1;; esac
+	@touch $@
+
+clean: ## Remove build outputs and caches (target/, dist/, the in-tree .so, stamps); keeps .venv
+	rm -rf target dist .pytest_cache .ruff_cache .mypy_cache $(BUILD_STAMP)
+	rm -f python/codemode/_engine*.so
+	find python tests benches -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true
+
+FORCE:

@@ -1,0 +1,44 @@
+"""Stub for the Rust extension (rust/pyext): one sandboxed QuickJS run per ``Engine``."""
+
+from typing import TypeAlias, final
+
+__all__ = ["PRELUDE_HASH", "YIELD_TOOL", "Engine", "EngineInitError", "__version__"]
+
+#: ``(code, name, message, stack)`` of a failed run; ``code`` is None for a guest exception.
+_Failure: TypeAlias = tuple[str | None, str, str, str]
+#: ``(status, value_json, failure, outputs, calls, clock_reads, in_flight, memory_bytes)``
+_Outcome: TypeAlias = tuple[
+    str,
+    str | None,
+    _Failure | None,
+    list[tuple[int, str]],
+    list[tuple[int, str, str]],
+    list[float],
+    int,
+    int,
+]
+
+__version__: str
+PRELUDE_HASH: str
+YIELD_TOOL: str
+
+class EngineInitError(RuntimeError): ...
+
+@final
+class Engine:
+    def __new__(
+        cls,
+        *,
+        memory_limit_bytes: int,
+        max_output_bytes: int,
+        max_pending_calls: int,
+        stack_bytes: int = ...,
+        max_bridge_bytes: int = ...,
+        search_default_limit: int = ...,
+        max_search_limit: int = ...,
+    ) -> Engine: ...
+    def install_catalog(self, entries_json: str) -> None: ...
+    def start(self, source: str, language: str, timeout_ms: float, seed: int) -> _Outcome: ...
+    def settle(self, results: list[tuple[int, bool, str]], timeout_ms: float) -> _Outcome: ...
+    def replay_clock(self, readings: list[float]) -> None: ...
+    def memory_bytes(self) -> int: ...
