@@ -96,8 +96,9 @@ class Run:
         "yields",
     )
 
-    def __init__(self, run_id: str, session_id: str, journal: Journal, dispatcher: Dispatcher) -> None:
-        self.run_id = run_id
+    def __init__(self, session_id: str, journal: Journal, dispatcher: Dispatcher) -> None:
+        #: Given when the run is first suspended (most runs never are).
+        self.run_id = ""
         self.session_id = session_id
         self.journal = journal
         self.dispatcher = dispatcher
@@ -132,15 +133,13 @@ class RunTable:
         self._runs: dict[str, Run] = {}
         self._lock = threading.Lock()
 
-    @staticmethod
-    def new_id() -> str:
-        return "run_" + secrets.token_urlsafe(12)
-
     def __len__(self) -> int:
         return len(self._runs)
 
     def expired(self) -> list[Run]:
         """Removes and returns runs past their TTL (the caller frees their resources)."""
+        if not self._runs:
+            return []
         now = time.monotonic()
         with self._lock:
             gone = [r for r in self._runs.values() if r.expires_at <= now and not r.busy]
@@ -153,6 +152,8 @@ class RunTable:
         with self._lock:
             if run.run_id not in self._runs and len(self._runs) >= self._limit:
                 return False
+            if not run.run_id:
+                run.run_id = "run_" + secrets.token_urlsafe(12)
             run.busy = False
             run.expires_at = time.monotonic() + self._ttl
             self._runs[run.run_id] = run
@@ -172,6 +173,8 @@ class RunTable:
             return run
 
     def remove(self, run: Run) -> None:
+        if not run.run_id:
+            return
         with self._lock:
             if self._runs.get(run.run_id) is run:
                 del self._runs[run.run_id]

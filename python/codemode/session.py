@@ -207,11 +207,11 @@ class CodeMode:
     # ---- running ---------------------------------------------------------------------------------
     def _telemetry(self, started: float, step: Step | None) -> Telemetry:
         return Telemetry(
-            duration_ms=round((time.perf_counter() - started) * 1000.0, 3),
+            duration_ms=(time.perf_counter() - started) * 1000.0,
             tool_calls=step.tool_calls if step else 0,
             memory_bytes=step.memory_bytes if step else 0,
             catalog_size=len(self._registry),
-            catalog_sources=self._registry.source_counts(),
+            catalog_sources=dict(self._registry.source_counts()),
             model_visible_tools=list(MODEL_VISIBLE_TOOLS),
         )
 
@@ -260,7 +260,7 @@ class CodeMode:
             restart_safe=restart_safe,
             session_id=session_id,
         )
-        run = Run(RunTable.new_id(), session_id, journal, Dispatcher(self._registry, loop, read_only=restart_safe))
+        run = Run(session_id, journal, Dispatcher(self._registry, loop, read_only=restart_safe))
         step = self._supervisor.start(run, configure, self.config.timeout_ms)
         return self._finish(run, step, started)
 
@@ -362,7 +362,7 @@ class CodeMode:
             raise CodemodeError("only restartSafe runs can resume in another process")
         if journal.prelude_hash != _engine.PRELUDE_HASH:
             raise CodemodeError("this journal was written by a different code mode engine")
-        run = Run(RunTable.new_id(), session_id, journal, Dispatcher(self._registry, self._loop.get, read_only=True))
+        run = Run(session_id, journal, Dispatcher(self._registry, self._loop.get, read_only=True))
         journal.session_id = session_id
         settled = journal.settled_ids()
         redo = [

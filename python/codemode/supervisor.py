@@ -79,6 +79,8 @@ class WorkerProcess:
         self.wfd = self.proc.stdin.fileno()
         self.rfd = self.proc.stdout.fileno()
         self.reader = protocol.FrameReader(self.rfd)
+        self._poller = select.poll()
+        self._poller.register(self.rfd, select.POLLIN)
         self.ready = False
         self.configured: object = None
         self.runs = 0
@@ -111,11 +113,13 @@ class WorkerProcess:
             timeout = deadline - time.monotonic()
             if timeout <= 0:
                 raise Deadline
-            poller = select.poll()
-            poller.register(self.rfd, select.POLLIN)
-            if wake_fd is not None:
+            if wake_fd is None:
+                events = self._poller.poll(timeout * 1000.0)
+            else:
+                poller = select.poll()
+                poller.register(self.rfd, select.POLLIN)
                 poller.register(wake_fd, select.POLLIN)
-            events = poller.poll(timeout * 1000.0)
+                events = poller.poll(timeout * 1000.0)
             if any(fd == self.rfd for fd, _ in events):
                 if not reader.fill():
                     raise self.crashed(f"worker {self.pid} exited")

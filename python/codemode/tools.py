@@ -62,6 +62,7 @@ class ToolRegistry:
         self._lock = threading.Lock()
         self.version = 0
         self._catalog: tuple[int, str] | None = None
+        self._counts: tuple[int, dict[str, int]] | None = None
 
     def add(
         self,
@@ -109,9 +110,14 @@ class ToolRegistry:
         return len(self._tools)
 
     def source_counts(self) -> dict[str, int]:
+        """Tools per source; counted once per registry version (telemetry reads it per exec)."""
+        cached = self._counts
+        if cached is not None and cached[0] == self.version:
+            return cached[1]
         counts = {"host": 0, "mcp": 0, "client": 0}
-        for tool in self._tools.values():
+        for tool in list(self._tools.values()):
             counts[tool.source] += 1
+        self._counts = (self.version, counts)
         return counts
 
     def catalog_json(self) -> tuple[int, str]:
