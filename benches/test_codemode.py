@@ -86,9 +86,9 @@ def test_wait_on_resident_run(benchmark, session):
     """`wait` on a suspended run whose runtime is resident and whose pending call is answered."""
 
     def suspend():
-        _pause()
         waiting = session.exec({"code": YIELDING})
         assert waiting["status"] == "waiting"
+        _pause()  # the worker rebuilds its spare engine after the exec; wait like a model would
         benchmark.extra_info["suspended_run_memory_bytes"] = waiting["telemetry"]["memoryBytes"]
         return ({"runId": waiting["runId"]},), {}
 
@@ -102,8 +102,8 @@ def test_wait_replaying_ten_journaled_calls(benchmark, session):
     runs = session.codemode._runs
 
     def suspend_and_evict():
-        _pause()
         waiting = session.exec({"code": TEN_THEN_YIELD})
+        _pause()
         assert waiting["status"] == "waiting"
         (run,) = [r for r in runs.all() if r.run_id == waiting["runId"]]
         session.codemode._supervisor.drop(run)  # the resident runtime is gone: wait must replay
