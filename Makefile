@@ -82,10 +82,12 @@ lint: build ## Run rustfmt, clippy, ruff (lint + format), mypy and stubtest chec
 demo: build ## Run the demo (python -m codemode.demo)
 	$(VPY) -m codemode.demo
 
-bench: build ## Run the pytest-benchmark suite in benches/ (installs pydantic-monty for the peer baselines)
+bench: build ## Run benches/ side by side with a pipe round trip and pydantic-monty; rewrite README's table
 	@$(VPY) -c 'import pydantic_monty' 2>/dev/null || { echo ">> installing pydantic-monty"; $(PIP) install pydantic-monty; }
+	@mkdir -p .benchmarks
 	$(VPY) -m pytest benches --benchmark-only --benchmark-enable \
-	  --benchmark-columns=min,median,mean,ops -q -p no:cacheprovider
+	  --benchmark-columns=min,median,mean,ops -q -p no:cacheprovider --benchmark-json=.benchmarks/latest.json
+	$(VPY) benches/report.py .benchmarks/latest.json --write README.md
 
 wheel: $(WHEEL_STAMP) ## Build the abi3 manylinux2014 (manylinux_2_17) wheel into dist/ with maturin + zig
 

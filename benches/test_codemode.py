@@ -88,7 +88,7 @@ def test_wait_on_resident_run(benchmark, session):
     def suspend():
         waiting = session.exec({"code": YIELDING})
         assert waiting["status"] == "waiting"
-        _pause()  # the worker rebuilds its spare engine after the exec; wait like a model would
+        time.sleep(0.01)  # a model turn: the worker has finished its idle work meanwhile
         benchmark.extra_info["suspended_run_memory_bytes"] = waiting["telemetry"]["memoryBytes"]
         return ({"runId": waiting["runId"]},), {}
 
@@ -103,7 +103,7 @@ def test_wait_replaying_ten_journaled_calls(benchmark, session):
 
     def suspend_and_evict():
         waiting = session.exec({"code": TEN_THEN_YIELD})
-        _pause()
+        time.sleep(0.01)
         assert waiting["status"] == "waiting"
         (run,) = [r for r in runs.all() if r.run_id == waiting["runId"]]
         session.codemode._supervisor.drop(run)  # the resident runtime is gone: wait must replay

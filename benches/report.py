@@ -1,0 +1,80 @@
+"""Turns one pytest-benchmark JSON run into the README's performance table (with ratios).
+
+    python benches/report.py .benchmarks/latest.json [--write README.md]
+
+Ratios compare numbers from the same run only: machines here are noisy, ratios less so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+from pathlib import Path
+
+BEGIN, END = "<!-- perf:begin -->", "<!-- perf:end -->"
+
+#: (label, test name, budget from DESIGN.md §12 or the issue, or "")
+ROWS = [
+    ("warm `exec` of `return 1+1`, idle worker (median)", "test_exec_trivial_idle", "<= 60 µs"),
+    ("warm `exec`, back to back (median)", "test_exec_trivial_back_to_back", ""),
+    ("one bare pipe round trip, idle (median)", "test_pipe_roundtrip_idle", "9-24 µs"),
+    ("cell with 10 sequential awaited tool calls (median)", "test_exec_ten_sequential_tool_calls_idle", ""),
+    ("`wait` on a resident suspended run (median)", "test_wait_on_resident_run", "<= 100 µs"),
+    ("`wait` replaying a journal of 10 tool calls (median)", "test_wait_replaying_ten_journaled_calls", "<= 1 ms"),
+    ("first exec on a new `CodeMode`, worker spawn included (median)", "test_first_exec_on_new_codemode", "<= 60 ms"),
+    ("pydantic-monty: warm `1 + 1` (median)", "test_monty_trivial_warm_session", ""),
+    ("pydantic-monty: 10 external calls, start/resume (median)", "test_monty_toolcalls_start_resume", ""),
+]
+
+
+def fmt(seconds: float) -> str:
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.0f} µs"
+
+
+def table(data: dict) -> str:
+    by_name = {b["name"]: b for b in data["benchmarks"]}
+    median = {name: b["stats"]["median"] for name, b in by_name.items()}
+    lines = ["| measurement | result | budget |", "|---|---|---|"]
+    for label, name, budget in ROWS:
+        if name in median:
+            lines.append(f"| {label} | {fmt(median[name])} | {budget} |")
+    exec_idle = median.get("test_exec_trivial_idle")
+    derived = []
+    if exec_idle and "test_pipe_roundtrip_idle" in median:
+        derived.append(f"warm exec / pipe round trip: **{exec_idle / median['test_pipe_roundtrip_idle']:.1f}x**")
+    if exec_idle and "test_monty_trivial_warm_session" in median:
+        derived.append(f"warm exec / monty warm: **{exec_idle / median['test_monty_trivial_warm_session']:.2f}x**")
+    ten = median.get("test_exec_ten_sequential_tool_calls_idle")
+    if ten and exec_idle:
+        per_call = (ten - exec_idle) / 10
+        derived.append(f"per sequential tool call: **{fmt(per_call)}** (budget <= 20 µs)")
+        if "test_monty_toolcalls_start_resume" in median:
+            derived.append(f"10 tool calls / monty's 10 calls: **{ten / median['test_monty_toolcalls_start_resume']:.2f}x**")
+    extra = by_name.get("test_wait_on_resident_run", {}).get("extra_info", {})
+    if "suspended_run_memory_bytes" in extra:
+        derived.append(f"QuickJS memory of an idle suspended run: **{extra['suspended_run_memory_bytes'] / 1024:.0f} KiB**")
+    machine = data.get("machine_info", {})
+    cpu = machine.get("cpu", {}).get("brand_raw", platform.processor() or "?")
+    head = f"`make bench`, {data.get('datetime', '')[:10]}, {cpu}, Python {machine.get('python_version', '?')}:"
+    return "\n".join([head, "", *lines, "", "; ".join(derived) + "."])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("json", type=Path)
+    parser.add_argument("--write", type=Path, help="replace the table between the perf markers in this file")
+    args = parser.parse_args()
+    text = table(json.loads(args.json.read_text()))
+    print(text)
+    if args.write:
+        readme = args.write.read_text()
+        pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+        args.write.write_text(pattern.sub(lambda _: f"{BEGIN}\n{text}\n{END}", readme))
+
+
+if __name__ == "__main__":
+    main()
