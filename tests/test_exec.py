@@ -23,6 +23,8 @@ def test_telemetry_reports_catalog_and_model_visible_tools(session, run_js):
     assert set(telemetry) == {
         "durationMs",
         "toolCalls",
+        "searches",
+        "describes",
         "memoryBytes",
         "catalogSize",
         "catalogSources",

@@ -2,11 +2,11 @@
 
 from typing import TypeAlias, final
 
-__all__ = ["PRELUDE_HASH", "YIELD_TOOL", "Engine", "EngineInitError", "__version__"]
+__all__ = ["PRELUDE_HASH", "YIELD_TOOL", "Catalog", "Engine", "EngineInitError", "__version__"]
 
 #: ``(code, name, message, stack)`` of a failed run; ``code`` is None for a guest exception.
 _Failure: TypeAlias = tuple[str | None, str, str, str]
-#: ``(status, value_json, failure, outputs, calls, clock_reads, in_flight, memory_bytes)``
+#: ``(status, value_json, failure, outputs, calls, clock_reads, in_flight, memory_bytes, searches, describes)``
 _Outcome: TypeAlias = tuple[
     str,
     str | None,
@@ -14,6 +14,8 @@ _Outcome: TypeAlias = tuple[
     list[tuple[int, str]],
     list[tuple[int, str, str]],
     list[float],
+    int,
+    int,
     int,
     int,
 ]
@@ -25,10 +27,17 @@ YIELD_TOOL: str
 class EngineInitError(RuntimeError): ...
 
 @final
+class Catalog:
+    def __new__(cls, entries_json: str) -> Catalog: ...
+    def __len__(self) -> int: ...
+    def search(self, query: str, limit: int) -> str: ...
+
+@final
 class Engine:
     def __new__(
         cls,
         *,
+        catalog: Catalog,
         memory_limit_bytes: int,
         max_output_bytes: int,
         max_pending_calls: int,
@@ -37,8 +46,9 @@ class Engine:
         search_default_limit: int = ...,
         max_search_limit: int = ...,
     ) -> Engine: ...
-    def install_catalog(self, entries_json: str) -> None: ...
-    def start(self, source: str, language: str, timeout_ms: float, seed: int) -> _Outcome: ...
+    def start(
+        self, source: str, language: str, timeout_ms: float, seed: int, namespaces_json: str = "[]"
+    ) -> _Outcome: ...
     def settle(self, results: list[tuple[int, bool, str]], timeout_ms: float) -> _Outcome: ...
     def replay_clock(self, readings: list[float]) -> None: ...
     def memory_bytes(self) -> int: ...

@@ -15,9 +15,8 @@ import select
 import sys
 
 from . import protocol
-from ._engine import Engine, EngineInitError, __version__
+from ._engine import Catalog, Engine, EngineInitError, __version__
 from .protocol import Configure, Drop, Fault, Ready, Replay, Report, Settle, Start
-
 
 #: How long a worker whose run just parked on tool calls waits for the results before it does
 #: its idle work (freeing the last engine, building the next).
@@ -31,32 +30,31 @@ def _limit(kind: int, value: int) -> None:
 
 
 def _report(run: int, outcome: tuple) -> Report:  # type: ignore[type-arg]
-    status, value, failure, outputs, calls, clock_reads, in_flight, memory = outcome
-    return Report(run, status, value, failure, outputs, calls, clock_reads, in_flight, memory)
+    return Report(run, *outcome)
 
 
 class Worker:
     def __init__(self) -> None:
         self.config: Configure | None = None
+        self.catalog: Catalog | None = None
         self.spare: Engine | None = None
         self.resident: dict[int, Engine] = {}
         #: A finished engine, freed while idle so its teardown is not on the reply path.
         self.retired: Engine | None = None
 
     def build(self) -> Engine:
-        config = self.config
-        if config is None:
+        config, catalog = self.config, self.catalog
+        if config is None or catalog is None:
             raise EngineInitError("no configuration received before the first cell")
         limits = config.limits
-        engine = Engine(
+        return Engine(
+            catalog=catalog,
             memory_limit_bytes=limits.memory_limit_bytes,
             max_output_bytes=limits.max_output_bytes,
             max_pending_calls=limits.max_pending_calls,
             search_default_limit=limits.search_default_limit,
             max_search_limit=limits.max_search_limit,
         )
-        engine.install_catalog(config.catalog_json)
-        return engine
 
     def handle(self, frame: protocol.HostFrame) -> protocol.WorkerFrame | None:
         if isinstance(frame, Start):
@@ -66,7 +64,7 @@ class Worker:
                     engine = self.build()
             except EngineInitError as e:
                 return Fault(frame.run, str(e))
-            outcome = engine.start(frame.source, frame.language, frame.timeout_ms, frame.seed)
+            outcome = engine.start(frame.source, frame.language, frame.timeout_ms, frame.seed, frame.namespaces_json)
             if outcome[0] == "pending":
                 self.resident[frame.run] = engine
             else:
@@ -86,6 +84,12 @@ class Worker:
             self.resident.pop(frame.run, None)
             return None
         if isinstance(frame, Configure):
+            if self.config is None or frame.fingerprint != self.config.fingerprint:
+                try:
+                    self.catalog = Catalog(frame.catalog_json)
+                except ValueError as e:
+                    self.config = self.catalog = None
+                    return Fault(0, f"bad catalog: {e}")
             self.config = frame
             self.spare = None
             return None
@@ -100,19 +104,19 @@ class Worker:
         except EngineInitError as e:
             return Fault(start.run, str(e))
         engine.replay_clock(frame.clock_reads)
-        outcome = engine.start(start.source, start.language, start.timeout_ms, start.seed)
+        outcome = engine.start(start.source, start.language, start.timeout_ms, start.seed, start.namespaces_json)
         calls = list(outcome[4])
         for batch in frame.batches:
             if outcome[0] != "pending":
                 break
             outcome = engine.settle(batch, start.timeout_ms)
             calls.extend(outcome[4])
-        status, value, failure, _outputs, _calls, _clock, in_flight, memory = outcome
+        status, value, failure, _outputs, _calls, _clock, in_flight, memory, _searches, _describes = outcome
         if status == "pending":
             self.resident[start.run] = engine
         else:
             self.retired = engine
-        return Report(start.run, status, value, failure, [], calls, [], in_flight, memory)
+        return Report(start.run, status, value, failure, [], calls, [], in_flight, memory, 0, 0)
 
     def idle(self) -> None:
         """Work done between frames: free the last engine, build the next one."""

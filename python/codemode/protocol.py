@@ -64,6 +64,8 @@ class Start(msgspec.Struct, tag="start", array_like=True):
     language: str
     timeout_ms: float
     seed: int
+    #: The run's namespace descriptors (JSON array; ``[]`` when none is visible).
+    namespaces_json: str = "[]"
 
 
 class Settle(msgspec.Struct, tag="settle", array_like=True):
@@ -106,6 +108,8 @@ class Report(msgspec.Struct, tag="report", array_like=True):
     clock_reads: list[float]
     in_flight: int
     memory_bytes: int
+    searches: int
+    describes: int
 
 
 class Fault(msgspec.Struct, tag="fault", array_like=True):

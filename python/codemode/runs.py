@@ -60,6 +60,7 @@ class Journal(msgspec.Struct, kw_only=True):
     language: str
     source: str
     seed: int
+    namespaces_json: str = "[]"
     restart_safe: bool = False
     session_id: str = ""
     calls: list[JournalCall] = msgspec.field(default_factory=list)
@@ -86,6 +87,7 @@ class Run:
 
     __slots__ = (
         "busy",
+        "counts",
         "dispatcher",
         "engine_run",
         "expires_at",
@@ -109,6 +111,8 @@ class Run:
         self.yields: list[int] = []
         self.busy = False
         self.expires_at = 0.0
+        #: Cumulative over the run's exec and waits: tool calls, searches, describes.
+        self.counts = [0, 0, 0]
 
     def pending_calls(self) -> list[dict[str, Any]]:
         """The spec's ``pendingToolCalls``: calls made and not yet settled, oldest first."""

@@ -8,29 +8,41 @@ returns the same thing as a typed struct; both have ``async`` twins. A guest fai
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import itertools
 import os
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar, overload
 
 import msgspec
 
 from . import _engine
+from .catalog import quick_index
 from .config import CodeModeConfig, load_config
 from .errors import ClosedError, CodemodeError
+from .namespaces import NamespaceRegistration, Namespaces
+from .policy import Approver, Hook, Policy, Trace, TraceEvent
 from .protocol import Configure, EngineLimits
 from .runs import TOO_MANY, Journal, Run, RunLookupError, RunTable
 from .supervisor import Step, Supervisor
-from .tools import BackgroundLoop, Dispatcher, Tool, ToolRegistry
+from .tools import BackgroundLoop, CatalogView, Dispatcher, Gate, Tool, ToolRegistry, define_tool
 
 __all__ = ["CodeMode", "Completed", "Failed", "JsonOutput", "Result", "Session", "Telemetry", "TextOutput", "Waiting"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 MODEL_VISIBLE_TOOLS = ("exec", "wait")
+
+EXEC_PREAMBLE = """Run a JavaScript or TypeScript cell (an async function body: top-level await and return) \
+against the hidden tool catalog. In the cell: `await tools.search(query, {limit})` -> compact entries; \
+`await tools.describe(id)` -> full schemas; `await tools.callValue(id, input)` -> the tool's value; \
+`tools.<name>(input)` for unambiguous names; `ALL_TOOLS`; `text(v)`, `json(v)`, `console.log` for output; \
+`await yield_control(reason)` to hand control back. Return one compact JSON value. If the result says \
+`waiting`, call `wait` with its runId. An arrow `-> ?` means the output shape is unknown: return the raw \
+value first instead of guessing field names.
+Catalog (id input -> output):"""
 
 
 class TextOutput(msgspec.Struct, tag="text", tag_field="type"):
@@ -47,6 +59,8 @@ Output = TextOutput | JsonOutput
 class Telemetry(msgspec.Struct, rename="camel"):
     duration_ms: float
     tool_calls: int
+    searches: int
+    describes: int
     memory_bytes: int
     catalog_size: int
     catalog_sources: dict[str, int]
@@ -100,15 +114,34 @@ def _outputs(raw: list[tuple[int, str]]) -> list[Output]:
 
 
 class CodeMode:
-    """Owns the tool registry, the validated config and the worker pool. Close it when done."""
+    """Owns the tool registry, the policy, the validated config and the worker pool.
 
-    def __init__(self, config: CodeModeConfig | dict[str, Any] | bool | None = None) -> None:
+    ``allow``/``deny`` are ``fnmatch`` patterns over tool names and ids (deny wins): denied tools
+    never enter a run's catalog. ``before_tool_call(event)`` may return ``Block(reason)`` or
+    ``Rewrite(input)``; ``approve(event)`` may refuse a call. Both may be ``async``. Close the
+    ``CodeMode`` when done (``with``/``async with``).
+    """
+
+    def __init__(
+        self,
+        config: CodeModeConfig | dict[str, Any] | bool | None = None,
+        *,
+        allow: Iterable[str] | None = None,
+        deny: Iterable[str] = (),
+        before_tool_call: Hook | None = None,
+        approve: Approver | None = None,
+    ) -> None:
         self.config = load_config(config)
         self._registry = ToolRegistry()
+        self._namespaces = Namespaces()
+        self._policy = Policy.of(allow, deny)
+        self._trace = Trace()
+        self._gate = Gate(before_tool_call, approve, self._trace)
         self._loop = BackgroundLoop()
         self._configure: Configure | None = None
         self._configure_lock = threading.Lock()
         self._closed = False
+        self._call_ids = itertools.count(1)
         size = self.config.workers or min(4, os.cpu_count() or 1)
         self._supervisor = Supervisor(size)
         self._runs = RunTable(self.config.snapshot_ttl_seconds)
@@ -127,41 +160,82 @@ class CodeMode:
         description: str | None = None,
         owner: str = "core",
         source: Literal["host", "client", "mcp"] = "host",
+        label: str | None = None,
         read_only: bool = False,
+        direct_only: bool = False,
+        input_schema: dict[str, Any] | None = None,
+        output_schema: dict[str, Any] | None = None,
     ) -> Callable[[F], F]: ...
 
-    def tool(
-        self,
-        fn: F | None = None,
-        /,
-        *,
-        name: str | None = None,
-        description: str | None = None,
-        owner: str = "core",
-        source: Literal["host", "client", "mcp"] = "host",
-        read_only: bool = False,
-    ) -> F | Callable[[F], F]:
-        """Registers a sync or async function as a catalog tool; usable as a decorator."""
+    def tool(self, fn: F | None = None, /, **options: Any) -> F | Callable[[F], F]:
+        """Registers a sync or async function as a catalog tool; usable as a decorator.
+
+        Input and output JSON Schemas come from the type hints (``Annotated[T, msgspec.Meta(
+        description=...)]`` for descriptions) unless given; a host tool's output schema is its
+        contract: a result that breaks it fails the call before the guest sees it.
+        """
 
         def register(f: F) -> F:
-            self.add_tool(f, name=name, description=description, owner=owner, source=source, read_only=read_only)
+            self.add_tool(f, **options)
             return f
 
         return register(fn) if fn is not None else register
 
     def add_tool(self, fn: Callable[..., Any], **options: Any) -> Tool:
-        """Registers ``fn`` and returns its catalog ``Tool`` (id ``<source>:<owner>:<name>``)."""
-        return self._registry.add(fn, **options)
+        """Registers ``fn`` and returns its ``Tool`` (id ``<source>:<owner>:<name>``)."""
+        return self._registry.add(define_tool(fn, **options))
+
+    def remove_tool(self, tool_id: str) -> bool:
+        return self._registry.remove(tool_id)
 
     @property
     def tools(self) -> list[Tool]:
-        return [t for t in (self._registry.get(i) for i in sorted(self._registry._tools)) if t is not None]
+        """Every registered tool, including direct-only and denied ones, in id order."""
+        return self._registry.all()
 
-    def _configuration(self) -> Configure:
-        _version, catalog = self._registry.catalog_json()
+    def register_namespace(self, plugin_id: str, registration: NamespaceRegistration) -> None:
+        """Registers a plugin-owned namespace; it is visible to runs whose catalog holds all its
+        required tools owned by ``plugin_id``. Raw functions, cycles and unsafe keys are refused."""
+        self._namespaces.register(plugin_id, registration)
+
+    def clear_namespaces(self, plugin_id: str) -> int:
+        """Removes the namespaces of a plugin that was disabled, unloaded or rolled back."""
+        return self._namespaces.clear(plugin_id)
+
+    def set_policy(self, *, allow: Iterable[str] | None = None, deny: Iterable[str] = ()) -> None:
+        """Replaces the allow/deny patterns for runs started from now on."""
+        self._policy = Policy.of(allow, deny)
+
+    def catalog(self) -> CatalogView:
+        """The catalog a run would get now (policy applied, direct-only tools left out)."""
+        return self._registry.view(self._policy)
+
+    def model_visible_tools(self) -> list[str]:
+        """``exec``, ``wait`` and the direct-only tools the policy allows."""
+        direct = [t.name for t in self._registry.all() if t.direct_only and self._policy.permits(t.id, t.name)]
+        return [*MODEL_VISIBLE_TOOLS, *direct]
+
+    def exec_description(self, *, max_index_chars: int = 4000) -> str:
+        """The model-facing ``exec`` description: how to use the guest API, then a bounded quick
+        index of exact ids with compact input/output hints (never descriptions: catalog text is
+        untrusted and stays lazy)."""
+        view = self.catalog()
+        entries = [t.entry() for t in view.tools.values()]
+        text = EXEC_PREAMBLE + "\n" + quick_index(entries, max_chars=max_index_chars)
+        prompts = self._namespaces.prompts(view.tools)
+        if prompts:
+            text += "\nNamespaces (globals in the cell):\n" + "\n".join(prompts)
+        return text
+
+    def trace(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        """Exported trace events: code-mode calls and the nested tool calls under them."""
+        return self._trace.export(session_id)
+
+    def _configuration(self) -> tuple[Configure, CatalogView]:
+        view = self._registry.view(self._policy)
         with self._configure_lock:
             current = self._configure
-            if current is None or current.catalog_json is not catalog:
+            if current is None or current.fingerprint != view.fingerprint:
                 c = self.config
                 limits = EngineLimits(
                     c.memory_limit_bytes,
@@ -170,9 +244,8 @@ class CodeMode:
                     c.search_default_limit,
                     c.max_search_limit,
                 )
-                fingerprint = hashlib.blake2b(catalog.encode(), digest_size=16).hexdigest()
-                current = self._configure = Configure(limits, catalog, fingerprint)
-            return current
+                current = self._configure = Configure(limits, view.catalog_json, view.fingerprint)
+            return current, view
 
     # ---- sessions and lifetime -------------------------------------------------------------------
     def session(self, session_id: str = "default", *, agent_run: str | None = None) -> Session:
@@ -205,14 +278,23 @@ class CodeMode:
         await asyncio.to_thread(self.close)
 
     # ---- running ---------------------------------------------------------------------------------
-    def _telemetry(self, started: float, step: Step | None) -> Telemetry:
+    def _telemetry(self, started: float, step: Step | None, run: Run | None = None) -> Telemetry:
+        view = run.dispatcher.view if run is not None else self.catalog()
+        counts = [0, 0, 0]
+        if run is not None and step is not None:
+            counts = run.counts
+            counts[0] += step.tool_calls
+            counts[1] += step.searches
+            counts[2] += step.describes
         return Telemetry(
             duration_ms=(time.perf_counter() - started) * 1000.0,
-            tool_calls=step.tool_calls if step else 0,
+            tool_calls=counts[0],
+            searches=counts[1],
+            describes=counts[2],
             memory_bytes=step.memory_bytes if step else 0,
-            catalog_size=len(self._registry),
-            catalog_sources=dict(self._registry.source_counts()),
-            model_visible_tools=list(MODEL_VISIBLE_TOOLS),
+            catalog_size=len(view.tools),
+            catalog_sources=dict(view.counts),
+            model_visible_tools=self.model_visible_tools(),
         )
 
     def _invalid(self, started: float, message: str) -> Failed:
@@ -248,7 +330,8 @@ class CodeMode:
         if isinstance(checked, Failed):
             return checked
         code, language, restart_safe = checked
-        configure = self._configuration()
+        configure, view = self._configuration()
+        namespaces_json, namespace_calls = self._namespaces.build(view.tools, session_id)
         journal = Journal(
             engine_version=_engine.__version__,
             prelude_hash=_engine.PRELUDE_HASH,
@@ -257,12 +340,22 @@ class CodeMode:
             language=language,
             source=code,
             seed=random.getrandbits(63),
+            namespaces_json=namespaces_json,
             restart_safe=restart_safe,
             session_id=session_id,
         )
-        run = Run(session_id, journal, Dispatcher(self._registry, loop, read_only=restart_safe))
+        dispatcher = Dispatcher(
+            view,
+            loop,
+            session_id=session_id,
+            gate=self._gate,
+            read_only=restart_safe,
+            namespace_calls=namespace_calls,
+        )
+        run = Run(session_id, journal, dispatcher)
+        dispatcher.parent = f"exec_{next(self._call_ids)}"
         step = self._supervisor.start(run, configure, self.config.timeout_ms)
-        return self._finish(run, step, started)
+        return self._finish(run, step, started, "exec")
 
     def _wait(self, session_id: str, args: Any) -> Result:
         started = time.perf_counter()
@@ -276,12 +369,36 @@ class CodeMode:
             run = self._runs.claim(run_id, session_id)
         except RunLookupError as e:
             return self._invalid(started, str(e))
-        step = self._supervisor.resume(run, self._configuration(), self.config.timeout_ms)
-        return self._finish(run, step, started)
+        configure, view = self._configuration()
+        if view.fingerprint != run.journal.catalog_fingerprint:
+            # A replay must see the catalog the run started with; the journal records which.
+            configure = self._configure_for(run)
+        run.dispatcher.parent = f"wait_{next(self._call_ids)}"
+        step = self._supervisor.resume(run, configure, self.config.timeout_ms)
+        return self._finish(run, step, started, "wait")
 
-    def _finish(self, run: Run, step: Step, started: float) -> Result:
+    def _configure_for(self, run: Run) -> Configure:
+        view = run.dispatcher.view
+        return Configure(run.journal.limits, view.catalog_json, view.fingerprint)
+
+    def _finish(self, run: Run, step: Step, started: float, kind: str) -> Result:
         """Files a suspended run or retires a finished one; builds the spec's result."""
-        telemetry = self._telemetry(started, step)
+        telemetry = self._telemetry(started, step, run)
+        result = self._result(run, step, telemetry)
+        self._trace.add(
+            TraceEvent(
+                kind=kind,
+                id=run.dispatcher.parent,
+                session_id=run.session_id,
+                at=Trace.now(),
+                duration_ms=telemetry.duration_ms,
+                status="waiting" if isinstance(result, Waiting) else result.__struct_config__.tag,  # type: ignore[arg-type]
+                run_id=run.run_id or None,
+            )
+        )
+        return result
+
+    def _result(self, run: Run, step: Step, telemetry: Telemetry) -> Result:
         output = _outputs(step.outputs)
         if step.status == "suspended":
             if step.memory_bytes > self.config.max_snapshot_bytes:
@@ -362,7 +479,19 @@ class CodeMode:
             raise CodemodeError("only restartSafe runs can resume in another process")
         if journal.prelude_hash != _engine.PRELUDE_HASH:
             raise CodemodeError("this journal was written by a different code mode engine")
-        run = Run(session_id, journal, Dispatcher(self._registry, self._loop.get, read_only=True))
+        _, view = self._configuration()
+        if view.fingerprint != journal.catalog_fingerprint:
+            raise CodemodeError("this journal was written against a different tool catalog")
+        _, namespace_calls = self._namespaces.build(view.tools, session_id)
+        dispatcher = Dispatcher(
+            view,
+            self._loop.get,
+            session_id=session_id,
+            gate=self._gate,
+            read_only=True,
+            namespace_calls=namespace_calls,
+        )
+        run = Run(session_id, journal, dispatcher)
         journal.session_id = session_id
         settled = journal.settled_ids()
         redo = [

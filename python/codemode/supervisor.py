@@ -173,6 +173,8 @@ class Step(msgspec.Struct):
     reason: str = ""  # when suspended: pending_tools | yield
     outputs: list[tuple[int, str]] = msgspec.field(default_factory=list)
     tool_calls: int = 0
+    searches: int = 0
+    describes: int = 0
     memory_bytes: int = 0
     reports: int = 0
 
@@ -283,7 +285,9 @@ class Supervisor:
         deadline = time.monotonic() + timeout_ms / 1000.0
         journal = run.journal
         run.engine_run = next(self._run_ids)
-        start = Start(run.engine_run, journal.source, journal.language, float(timeout_ms), journal.seed)
+        start = Start(
+            run.engine_run, journal.source, journal.language, float(timeout_ms), journal.seed, journal.namespaces_json
+        )
         step = Step()
         for attempt in range(2):
             worker = self._hand_over(configure, start, step)
@@ -362,7 +366,9 @@ class Supervisor:
     ) -> Step:
         journal = run.journal
         run.engine_run = next(self._run_ids)
-        start = Start(run.engine_run, journal.source, journal.language, float(timeout_ms), journal.seed)
+        start = Start(
+            run.engine_run, journal.source, journal.language, float(timeout_ms), journal.seed, journal.namespaces_json
+        )
         frame = Replay(start, journal.batches, journal.clock_reads)
         worker = self._hand_over(configure, frame, step)
         if worker is None:
@@ -466,6 +472,8 @@ class Supervisor:
             if not isinstance(frame, Report) or frame.run != run.engine_run:
                 raise ProtocolError(f"worker {worker.pid} answered out of order")
             step.reports += 1
+            step.searches += frame.searches
+            step.describes += frame.describes
             step.outputs.extend(frame.outputs)
             step.memory_bytes = frame.memory_bytes
             journal.clock_reads.extend(frame.clock_reads)

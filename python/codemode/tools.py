@@ -1,37 +1,48 @@
-"""Host tools: defining them from Python functions, and running the calls a cell makes.
+"""Host tools: defining them, the run's catalog view, and running the calls a cell makes.
 
 Tools always run in the host process, never in a worker. A sync function runs inline on the
 thread driving the run (no hop; it must not block for long). An ``async def`` tool runs on an
 event loop: the caller's own loop for ``exec_async``, or a private background loop for
-``exec``. Results cross to the guest as JSON; an exception becomes a plain guest ``Error``
-carrying only its message.
+``exec``. Every call passes the same gate: the run's catalog (policy-filtered), the
+``before_tool_call`` hook, the approval callback, then the tool, then its output contract.
+Results cross to the guest as JSON; an exception becomes a plain guest ``Error`` carrying only
+its message.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
 import inspect
 import os
 import re
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
+from . import catalog
 from .errors import ToolDefinitionError
+from .namespaces import CallTable
+from .policy import Approver, Block, Hook, Policy, Rewrite, ToolCallEvent, Trace, TraceEvent
 
-__all__ = ["BackgroundLoop", "Dispatcher", "Tool", "ToolRegistry"]
+__all__ = ["BackgroundLoop", "CatalogView", "Dispatcher", "Gate", "Tool", "ToolRegistry"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
 _OWNER = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+#: Names the catalog never holds: the model-facing control tools themselves.
+CONTROL_TOOLS = frozenset({"exec", "wait", "tool_search_code", "tool_search", "tool_describe", "tool_call"})
+#: The tool id a namespace function call arrives under (see prelude.js).
+NAMESPACE_TOOL = "\x00ns"
 _encode = msgspec.json.encode
 _decode = msgspec.json.decode
 
 
-class Tool(msgspec.Struct, frozen=True):
-    """One catalog tool backed by a Python callable."""
+class Tool(msgspec.Struct, frozen=True, kw_only=True):
+    """One tool backed by a Python callable, with its schemas and compact hints."""
 
     id: str
     name: str
@@ -40,62 +51,110 @@ class Tool(msgspec.Struct, frozen=True):
     is_async: bool
     source: str = "host"
     owner: str = "core"
+    label: str | None = None
     read_only: bool = False
+    #: Stays a model-visible tool; never enters the code-mode catalog.
+    direct_only: bool = False
+    input_schema: dict[str, Any] | None = None
+    output_schema: dict[str, Any] | None = None
+    input_hint: str = "unknown"
+    output_hint: str | None = None
+    fields: tuple[str, ...] = ()
+    check_output: Callable[[Any], str | None] | None = None
 
     def entry(self) -> dict[str, Any]:
-        """The compact catalog entry the guest sees in ``ALL_TOOLS``."""
-        return {
-            "id": self.id,
-            "name": self.name,
-            "description": self.description,
-            "source": self.source,
-            "sourceName": self.owner,
-            "input": "unknown",
-        }
+        """The catalog entry the worker serves: compact fields, schemas, and search text."""
+        entry: dict[str, Any] = {"id": self.id, "name": self.name}
+        if self.label:
+            entry["label"] = self.label
+        entry.update(description=self.description, source=self.source, sourceName=self.owner, input=self.input_hint)
+        if self.output_hint is not None:
+            entry["output"] = self.output_hint
+        if self.input_schema is not None:
+            entry["parameters"] = self.input_schema
+        if self.output_schema is not None:
+            entry["outputSchema"] = self.output_schema
+        if self.fields:
+            entry["fields"] = list(self.fields)
+        return entry
+
+
+def define_tool(
+    fn: Callable[..., Any],
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    owner: str = "core",
+    source: str = "host",
+    label: str | None = None,
+    read_only: bool = False,
+    direct_only: bool = False,
+    input_schema: dict[str, Any] | None = None,
+    output_schema: dict[str, Any] | None = None,
+) -> Tool:
+    """Builds a ``Tool``: schemas from explicit arguments or the function's type hints.
+
+    Only host tools are trusted: their schemas give compact hints, search text and an output
+    contract. MCP and client tools keep ``input: "unknown"`` and no output hint, as the spec says.
+    """
+    if not callable(fn):
+        raise ToolDefinitionError(f"a tool must be callable, not {type(fn).__name__}")
+    name = name or str(getattr(fn, "__name__", ""))
+    if not _NAME.match(name):
+        raise ToolDefinitionError(f"invalid tool name {name!r}")
+    if not _OWNER.match(owner):
+        raise ToolDefinitionError(f"invalid tool owner {owner!r}")
+    if source not in ("host", "client", "mcp"):
+        raise ToolDefinitionError(f"invalid tool source {source!r}")
+    if name in CONTROL_TOOLS and source == "host" and owner == "core":
+        raise ToolDefinitionError(f"{name!r} is a code mode control tool name")
+    if input_schema is None and output_schema is None:
+        try:
+            input_schema, output_schema = catalog.schemas_from_function(fn)
+        except (TypeError, ValueError, NameError) as e:
+            raise ToolDefinitionError(f"tool {name}: cannot derive schemas from its signature: {e}") from None
+    trusted = source == "host"
+    doc = description if description is not None else inspect.getdoc(fn) or ""
+    return Tool(
+        id=f"{source}:{owner}:{name}",
+        name=name,
+        description=doc.strip(),
+        fn=fn,
+        is_async=inspect.iscoroutinefunction(fn),
+        source=source,
+        owner=owner,
+        label=label,
+        read_only=read_only,
+        direct_only=direct_only,
+        input_schema=input_schema,
+        output_schema=output_schema,
+        input_hint=catalog.input_hint(input_schema) if trusted else "unknown",
+        output_hint=catalog.output_hint(output_schema) if trusted else None,
+        fields=tuple(catalog.search_fields(input_schema, output_schema)) if trusted else (),
+        check_output=catalog.compile_output_validator(output_schema) if trusted and output_schema else None,
+    )
+
+
+class CatalogView(msgspec.Struct, frozen=True):
+    """The tools one run may see and call (policy applied, direct-only tools left out)."""
+
+    tools: dict[str, Tool]
+    catalog_json: str
+    fingerprint: str
+    #: Tools per source, for telemetry.
+    counts: dict[str, int]
 
 
 class ToolRegistry:
-    """The host's tools, keyed by catalog id; the catalog JSON is cached per version."""
+    """The host's tools, keyed by catalog id; catalog views are cached per (version, policy)."""
 
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
         self._lock = threading.Lock()
         self.version = 0
-        self._catalog: tuple[int, str] | None = None
-        self._counts: tuple[int, dict[str, int]] | None = None
+        self._views: dict[Policy, tuple[int, CatalogView]] = {}
 
-    def add(
-        self,
-        fn: Callable[..., Any],
-        *,
-        name: str | None = None,
-        description: str | None = None,
-        owner: str = "core",
-        source: str = "host",
-        read_only: bool = False,
-    ) -> Tool:
-        if not callable(fn):
-            raise ToolDefinitionError(f"a tool must be callable, not {type(fn).__name__}")
-        name = name or str(getattr(fn, "__name__", ""))
-        if not _NAME.match(name):
-            raise ToolDefinitionError(f"invalid tool name {name!r}")
-        if not _OWNER.match(owner):
-            raise ToolDefinitionError(f"invalid tool owner {owner!r}")
-        if source not in ("host", "client", "mcp"):
-            raise ToolDefinitionError(f"invalid tool source {source!r}")
-        if name in ("exec", "wait") and source == "host" and owner == "core":
-            raise ToolDefinitionError(f"{name!r} is a code mode control tool name")
-        doc = description if description is not None else inspect.getdoc(fn) or ""
-        tool = Tool(
-            id=f"{source}:{owner}:{name}",
-            name=name,
-            description=doc.strip(),
-            fn=fn,
-            is_async=inspect.iscoroutinefunction(fn),
-            source=source,
-            owner=owner,
-            read_only=read_only,
-        )
+    def add(self, tool: Tool) -> Tool:
         with self._lock:
             if tool.id in self._tools:
                 raise ToolDefinitionError(f"a tool with id {tool.id!r} is already registered")
@@ -103,32 +162,41 @@ class ToolRegistry:
             self.version += 1
         return tool
 
+    def remove(self, tool_id: str) -> bool:
+        with self._lock:
+            found = self._tools.pop(tool_id, None) is not None
+            if found:
+                self.version += 1
+            return found
+
     def get(self, tool_id: str) -> Tool | None:
         return self._tools.get(tool_id)
 
-    def __len__(self) -> int:
-        return len(self._tools)
-
-    def source_counts(self) -> dict[str, int]:
-        """Tools per source; counted once per registry version (telemetry reads it per exec)."""
-        cached = self._counts
-        if cached is not None and cached[0] == self.version:
-            return cached[1]
-        counts = {"host": 0, "mcp": 0, "client": 0}
-        for tool in list(self._tools.values()):
-            counts[tool.source] += 1
-        self._counts = (self.version, counts)
-        return counts
-
-    def catalog_json(self) -> tuple[int, str]:
-        """``(version, JSON array of entries)``, sorted by id so equal sets give equal bytes."""
+    def all(self) -> list[Tool]:
         with self._lock:
-            cached = self._catalog
+            return [self._tools[k] for k in sorted(self._tools)]
+
+    def view(self, policy: Policy) -> CatalogView:
+        """The run catalog under ``policy``, sorted by id so equal sets give equal bytes."""
+        with self._lock:
+            cached = self._views.get(policy)
             if cached is not None and cached[0] == self.version:
-                return cached
-            entries = [self._tools[k].entry() for k in sorted(self._tools)]
-            self._catalog = (self.version, _encode(entries).decode())
-            return self._catalog
+                return cached[1]
+            tools = {
+                tool_id: tool
+                for tool_id, tool in sorted(self._tools.items())
+                if not tool.direct_only and policy.permits(tool_id, tool.name)
+            }
+            catalog_json = _encode([t.entry() for t in tools.values()]).decode()
+            fingerprint = hashlib.blake2b(catalog_json.encode(), digest_size=16).hexdigest()
+            counts = {"host": 0, "mcp": 0, "client": 0}
+            for tool in tools.values():
+                counts[tool.source] += 1
+            view = CatalogView(tools, catalog_json, fingerprint, counts)
+            if len(self._views) > 32:
+                self._views.clear()
+            self._views[policy] = (self.version, view)
+            return view
 
 
 class BackgroundLoop:
@@ -158,14 +226,32 @@ class BackgroundLoop:
             loop.close()
 
 
+class Gate(msgspec.Struct, frozen=True):
+    """The host's checks around every nested call, and where the trace goes."""
+
+    hook: Hook | None = None
+    approve: Approver | None = None
+    trace: Trace | None = None
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.hook) or inspect.iscoroutinefunction(self.approve)
+
+
+class Refused(Exception):
+    """A call stopped before its tool ran (blocked, not approved): the message is for the guest."""
+
+
 def _error_message(tool_id: str, exc: BaseException) -> str:
+    if isinstance(exc, Refused):
+        return f"tool {tool_id}: {exc}"
     text = str(exc)
     kind = type(exc).__name__
     return f"tool {tool_id} failed: {kind}: {text}" if text else f"tool {tool_id} failed: {kind}"
 
 
-def _invoke_sync(tool: Tool, args: Any) -> Any:
-    return tool.fn(**args) if isinstance(args, dict) else tool.fn(args)
+def _args(value: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    return ((), value) if isinstance(value, dict) else ((value,), {})
 
 
 class Dispatcher:
@@ -176,12 +262,24 @@ class Dispatcher:
     """
 
     def __init__(
-        self, registry: ToolRegistry, loop: Callable[[], asyncio.AbstractEventLoop], *, read_only: bool = False
+        self,
+        view: CatalogView,
+        loop: Callable[[], asyncio.AbstractEventLoop],
+        *,
+        session_id: str = "",
+        gate: Gate | None = None,
+        read_only: bool = False,
+        namespace_calls: CallTable | None = None,
     ) -> None:
-        self._registry = registry
+        self.view = view
+        self._namespace_calls = namespace_calls or {}
         self._loop = loop
+        self._gate = gate or Gate()
+        self._session_id = session_id
         #: Restart-safe runs may only call read-only tools (they may be redone after a restart).
         self._read_only = read_only
+        #: The exec/wait call the next calls belong to (for hooks and the trace).
+        self.parent = ""
         self._ready: list[tuple[int, bool, str]] = []
         self._lock = threading.Lock()
         self._futures: dict[int, concurrent.futures.Future[Any]] = {}
@@ -195,10 +293,35 @@ class Dispatcher:
             os.set_blocking(self._pipe[1], False)
         return self._pipe[0]
 
+    def _namespace_target(self, input_json: str) -> tuple[str, Any]:
+        """Resolves a namespace function call to ``(tool id, tool input)``; raises ``Refused``."""
+        try:
+            request = _decode(input_json)
+            key = (str(request["ns"]), str(request["path"]))
+            args = request.get("args") or []
+        except (msgspec.DecodeError, KeyError, TypeError):
+            raise Refused("malformed namespace call") from None
+        target = self._namespace_calls.get(key)
+        if target is None:
+            raise Refused(f"unknown namespace function {key[0]}:{key[1]}")
+        tool_id, mapper = target
+        if mapper is not None:
+            return tool_id, mapper(list(args))
+        return tool_id, args[0] if args else {}
+
     def submit(self, calls: list[tuple[int, str, str]]) -> None:
+        gate_async = self._gate.is_async
         for call_id, tool_id, input_json in calls:
-            tool = self._registry.get(tool_id)
-            if tool is None:
+            if tool_id == NAMESPACE_TOOL:
+                try:
+                    tool_id, mapped = self._namespace_target(input_json)
+                except Exception as e:
+                    self._ready.append((call_id, False, _error_message("namespace", e)))
+                    continue
+                input_json = _encode(mapped).decode()
+            tool = self.view.tools.get(tool_id)
+            if tool is None or tool.source == "mcp":
+                # Hidden, denied and absent tools answer alike: a guessed id learns nothing.
                 self._ready.append((call_id, False, f"unknown tool: {tool_id}"))
                 continue
             if self._read_only and not tool.read_only:
@@ -210,41 +333,119 @@ class Dispatcher:
             except msgspec.DecodeError:
                 self._ready.append((call_id, False, f"tool {tool_id}: input is not valid JSON"))
                 continue
-            if tool.is_async:
+            if tool.is_async or gate_async:
                 self._start_async(call_id, tool, args)
-                continue
-            try:
-                result = _invoke_sync(tool, args)
-            except Exception as e:
-                self._ready.append((call_id, False, _error_message(tool_id, e)))
-                continue
-            self._ready.append(self._encode_result(call_id, tool_id, result))
+            else:
+                self._ready.append(self._run_sync(call_id, tool, args))
 
-    def _encode_result(self, call_id: int, tool_id: str, result: Any) -> tuple[int, bool, str]:
+    def _event(self, tool: Tool, args: Any) -> ToolCallEvent:
+        return ToolCallEvent(
+            tool_id=tool.id,
+            name=tool.name,
+            source=tool.source,
+            owner=tool.owner,
+            input=args,
+            session_id=self._session_id,
+            parent=self.parent,
+        )
+
+    def _gate_sync(self, tool: Tool, args: Any) -> Any:
+        gate = self._gate
+        if gate.hook is not None:
+            decision = gate.hook(self._event(tool, args))
+            if isinstance(decision, Block):
+                raise Refused(f"tool call blocked: {decision.reason}")
+            if isinstance(decision, Rewrite):
+                args = decision.input
+        if gate.approve is not None and not gate.approve(self._event(tool, args)):
+            raise Refused("tool call blocked: not approved")
+        return args
+
+    async def _gate_async(self, tool: Tool, args: Any) -> Any:
+        gate = self._gate
+        if gate.hook is not None:
+            decision = gate.hook(self._event(tool, args))
+            if inspect.isawaitable(decision):
+                decision = await decision
+            if isinstance(decision, Block):
+                raise Refused(f"tool call blocked: {decision.reason}")
+            if isinstance(decision, Rewrite):
+                args = decision.input
+        if gate.approve is not None:
+            approved = gate.approve(self._event(tool, args))
+            if inspect.isawaitable(approved):
+                approved = await approved
+            if not approved:
+                raise Refused("tool call blocked: not approved")
+        return args
+
+    def _run_sync(self, call_id: int, tool: Tool, args: Any) -> tuple[int, bool, str]:
+        started = time.perf_counter()
         try:
-            return (call_id, True, _encode(result).decode())
+            args = self._gate_sync(tool, args)
+            positional, keywords = _args(args)
+            result = self._finish(call_id, tool, tool.fn(*positional, **keywords))
+        except Exception as e:
+            result = (call_id, False, _error_message(tool.id, e))
+        self._record(tool, started, result[1])
+        return result
+
+    def _finish(self, call_id: int, tool: Tool, value: Any) -> tuple[int, bool, str]:
+        """Checks the output contract, then encodes; neither message echoes the value."""
+        try:
+            payload = _encode(value)
         except (TypeError, ValueError, msgspec.EncodeError) as e:
-            return (call_id, False, f"tool {tool_id} returned a value that is not JSON: {e}")
+            return (call_id, False, f"tool {tool.id} returned a value that is not JSON: {e}")
+        if tool.check_output is not None:
+            problem = tool.check_output(_decode(payload))
+            if problem is not None:
+                return (call_id, False, f"tool {tool.id} returned a value that breaks its output contract: {problem}")
+        return (call_id, True, payload.decode())
+
+    def _record(self, tool: Tool, started: float, ok: bool) -> None:
+        trace = self._gate.trace
+        if trace is not None:
+            trace.add(
+                TraceEvent(
+                    kind="tool_call",
+                    id=f"{self.parent}/{tool.id}",
+                    session_id=self._session_id,
+                    at=Trace.now(),
+                    duration_ms=(time.perf_counter() - started) * 1000.0,
+                    parent=self.parent,
+                    tool_id=tool.id,
+                    status="ok" if ok else "error",
+                )
+            )
 
     def _start_async(self, call_id: int, tool: Tool, args: Any) -> None:
-        async def call() -> Any:
-            return await (tool.fn(**args) if isinstance(args, dict) else tool.fn(args))
+        started = time.perf_counter()
+
+        async def call() -> tuple[int, bool, str]:
+            try:
+                gated = await self._gate_async(tool, args)
+                positional, keywords = _args(gated)
+                value = tool.fn(*positional, **keywords)
+                if inspect.isawaitable(value):
+                    value = await value
+                return self._finish(call_id, tool, value)
+            except Exception as e:
+                return (call_id, False, _error_message(tool.id, e))
 
         _ = self.wake_fd  # created here, on the driving thread, before any callback can need it
         future = asyncio.run_coroutine_threadsafe(call(), self._loop())
         with self._lock:
             self._futures[call_id] = future
-        future.add_done_callback(lambda f: self._finished(call_id, tool.id, f))
+        future.add_done_callback(lambda f: self._finished(call_id, tool, started, f))
 
-    def _finished(self, call_id: int, tool_id: str, future: concurrent.futures.Future[Any]) -> None:
+    def _finished(
+        self, call_id: int, tool: Tool, started: float, future: concurrent.futures.Future[tuple[int, bool, str]]
+    ) -> None:
         if future.cancelled():
             return
         exc = future.exception()
-        result = (
-            (call_id, False, _error_message(tool_id, exc))
-            if exc
-            else self._encode_result(call_id, tool_id, future.result())
-        )
+        result = (call_id, False, _error_message(tool.id, exc)) if exc else future.result()
+        self._record(tool, started, result[1])
         with self._lock:
             if self._futures.pop(call_id, None) is None:
                 return

@@ -18,6 +18,7 @@ use rquickjs::promise::PromiseState;
 use rquickjs::{qjs, Context, Ctx, Exception, Function, Object, Persistent, Promise, Runtime, Value};
 
 use crate::alloc::LimitedAllocator;
+use crate::catalog::Catalog;
 use crate::frontend::{self, Language};
 use crate::limits::{Abort, Flags, Limits};
 
@@ -155,6 +156,10 @@ pub struct Outcome {
     pub in_flight: usize,
     /// Bytes the QuickJS heap holds now.
     pub memory_bytes: usize,
+    /// `tools.search` calls since the previous outcome.
+    pub searches: u32,
+    /// `tools.describe` calls since the previous outcome.
+    pub describes: u32,
 }
 
 /// Building a runtime failed: the host reports `runtime_unavailable`.
@@ -180,6 +185,9 @@ type Resolvers = (Persistent<Function<'static>>, Persistent<Function<'static>>);
 /// Bridge state reached from the host functions the prelude holds.
 struct State {
     limits: Limits,
+    catalog: Arc<Catalog>,
+    searches: u32,
+    describes: u32,
     next_call_id: u32,
     resolvers: HashMap<u32, Resolvers>,
     new_calls: Vec<ToolCall>,
@@ -195,8 +203,8 @@ struct Internals {
     run_cell: Persistent<Function<'static>>,
     describe_error: Persistent<Function<'static>>,
     make_error: Persistent<Function<'static>>,
-    install_catalog: Persistent<Function<'static>>,
     seed: Persistent<Function<'static>>,
+    install_namespaces: Persistent<Function<'static>>,
 }
 
 /// One run's sandbox. Not `Send`: create and use it on one thread.
@@ -294,8 +302,9 @@ fn now_ms() -> f64 {
 }
 
 impl Engine {
-    /// Builds the runtime, context and prelude. Do this before the cell arrives.
-    pub fn new(limits: Limits) -> Result<Engine, EngineError> {
+    /// Builds the runtime, context and prelude over a shared catalog. Do this before the cell
+    /// arrives.
+    pub fn new(limits: Limits, catalog: Arc<Catalog>) -> Result<Engine, EngineError> {
         let flags = Arc::new(Flags::new(limits.memory_bytes));
         let runtime = Runtime::new_with_alloc(LimitedAllocator::new(flags.clone()))?;
         runtime.set_max_stack_size(limits.stack_bytes);
@@ -304,6 +313,9 @@ impl Engine {
         let context = sandbox_context(&runtime)?;
         let state = Rc::new(RefCell::new(State {
             limits,
+            catalog,
+            searches: 0,
+            describes: 0,
             next_call_id: 0,
             resolvers: HashMap::new(),
             new_calls: Vec::new(),
@@ -317,16 +329,6 @@ impl Engine {
         Ok(Engine { cell: None, internals, state, context, runtime, flags, started: false })
     }
 
-    /// Makes the catalog visible to the guest (`ALL_TOOLS`, `tools.*`). `entries_json` is a JSON
-    /// array of `{id, name, description, ...}` objects from the trusted host.
-    pub fn install_catalog(&mut self, entries_json: &str) -> Result<(), EngineError> {
-        let install = &self.internals.install_catalog;
-        self.context.with(|ctx| -> Result<(), EngineError> {
-            let f = install.clone().restore(&ctx)?;
-            f.call::<_, ()>((entries_json,)).map_err(|e| EngineError(format!("catalog: {}", caught(&ctx, e))))
-        })
-    }
-
     /// Serves these clock readings (oldest first) before the real clock: journal replay.
     pub fn replay_clock(&mut self, readings: &[f64]) {
         let mut state = self.state.borrow_mut();
@@ -334,8 +336,16 @@ impl Engine {
     }
 
     /// Starts the cell: checks and transpiles the source, then runs it until it completes,
-    /// fails, or waits on tool calls. `timeout_ms` is this slice's wall-clock budget.
-    pub fn start(&mut self, source: &str, language: Language, timeout_ms: f64, seed: u64) -> Outcome {
+    /// fails, or waits on tool calls. `timeout_ms` is this slice's wall-clock budget;
+    /// `namespaces_json` is the run's namespace descriptors (`[]` for none).
+    pub fn start(
+        &mut self,
+        source: &str,
+        language: Language,
+        timeout_ms: f64,
+        seed: u64,
+        namespaces_json: &str,
+    ) -> Outcome {
         if self.started {
             return self.outcome(Status::Failed(Failure::new(
                 ErrorCode::InternalError,
@@ -359,6 +369,10 @@ impl Engine {
         let started = self.context.with(|ctx| -> Result<Persistent<Promise<'static>>, Failure> {
             let seed_fn = internals.seed.clone().restore(&ctx).map_err(|e| internal(&ctx, e))?;
             seed_fn.call::<_, ()>(((seed >> 32) as u32 as i32, seed as u32 as i32)).map_err(|e| internal(&ctx, e))?;
+            if namespaces_json != "[]" {
+                let install = internals.install_namespaces.clone().restore(&ctx).map_err(|e| internal(&ctx, e))?;
+                install.call::<_, ()>((namespaces_json,)).map_err(|e| internal(&ctx, e))?;
+            }
             let mut options = EvalOptions::default();
             options.global = true;
             options.strict = true;
@@ -521,6 +535,8 @@ impl Engine {
             clock_reads: std::mem::take(&mut state.clock_reads),
             in_flight: state.resolvers.len(),
             memory_bytes: self.flags.used.load(Ordering::Relaxed),
+            searches: std::mem::take(&mut state.searches),
+            describes: std::mem::take(&mut state.describes),
         }
     }
 }
@@ -587,8 +603,6 @@ fn install_prelude<'js>(
     };
     let install: Function = install.get().map_err(EngineError::from)?;
     let host = Object::new(ctx.clone())?;
-    let limits = state.borrow().limits;
-
     let call_state = state.clone();
     host.set(
         "call",
@@ -651,8 +665,46 @@ fn install_prelude<'js>(
             reading
         })?,
     )?;
-    host.set("searchDefaultLimit", limits.search_default_limit as f64)?;
-    host.set("maxSearchLimit", limits.max_search_limit as f64)?;
+    let all_state = state.clone();
+    host.set(
+        "all",
+        Function::new(ctx.clone(), move || -> String { all_state.borrow().catalog.all_json().to_owned() })?,
+    )?;
+    let names_state = state.clone();
+    host.set(
+        "names",
+        Function::new(ctx.clone(), move || -> String { names_state.borrow().catalog.safe_names_json().to_owned() })?,
+    )?;
+    let resolve_state = state.clone();
+    host.set(
+        "resolve",
+        Function::new(ctx.clone(), move |name: String| -> Option<String> {
+            resolve_state.borrow().catalog.resolve_safe_name(&name).map(str::to_owned)
+        })?,
+    )?;
+    let search_state = state.clone();
+    host.set(
+        "search",
+        Function::new(ctx.clone(), move |query: String, limit: Option<f64>| -> String {
+            let mut st = search_state.borrow_mut();
+            st.searches = st.searches.saturating_add(1);
+            let most = st.limits.max_search_limit.max(1);
+            let limit = match limit {
+                Some(n) if n.is_finite() => (n.max(1.0) as usize).min(most),
+                _ => st.limits.search_default_limit.clamp(1, most),
+            };
+            st.catalog.search_json(&query, limit)
+        })?,
+    )?;
+    let describe_state = state.clone();
+    host.set(
+        "describe",
+        Function::new(ctx.clone(), move |id: String| -> Option<String> {
+            let mut st = describe_state.borrow_mut();
+            st.describes = st.describes.saturating_add(1);
+            st.catalog.describe_json(&id).map(str::to_owned)
+        })?,
+    )?;
 
     let internals: Object =
         install.call((host,)).map_err(|e| EngineError(format!("prelude install: {}", caught(ctx, e))))?;
@@ -664,7 +716,7 @@ fn install_prelude<'js>(
         run_cell: get("runCell")?,
         describe_error: get("describeError")?,
         make_error: get("makeError")?,
-        install_catalog: get("installCatalog")?,
         seed: get("seed")?,
+        install_namespaces: get("installNamespaces")?,
     })
 }

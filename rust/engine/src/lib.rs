@@ -4,13 +4,16 @@
 //! I/O and never runs tools; tool calls leave as JSON text and results come back the same way.
 
 mod alloc;
+pub mod catalog;
 pub mod engine;
 pub mod frontend;
 pub mod limits;
+pub mod search;
 
 pub use engine::{
     prelude_hash, Engine, EngineError, ErrorCode, Failure, Outcome, Output, OutputKind, Settlement, Status, ToolCall,
     YIELD_TOOL,
 };
+pub use catalog::Catalog;
 pub use frontend::Language;
 pub use limits::Limits;

@@ -22,17 +22,11 @@
   const ArrayIsArray = Array.isArray;
   const ArrayPush = Array.prototype.push;
   const ArrayJoin = Array.prototype.join;
-  const ArraySort = Array.prototype.sort;
-  const ArraySlice = Array.prototype.slice;
   const JsonStringify = JSON.stringify;
   const JsonParse = JSON.parse;
   const NumberIsFinite = Number.isFinite;
   const StringCtor = String;
-  const StringToLowerCase = String.prototype.toLowerCase;
-  const StringSplit = String.prototype.split;
-  const StringReplace = String.prototype.replace;
   const StringSlice = String.prototype.slice;
-  const StringIncludes = String.prototype.includes;
   const SymbolToString = Symbol.prototype.toString;
   const SetCtor = Set;
   const SetHas = Set.prototype.has;
@@ -40,7 +34,6 @@
   const SetDelete = Set.prototype.delete;
   const ErrorCtor = Error;
   const PromiseCtor = Promise;
-  const FunctionToString = Function.prototype.toString;
   const RealDate = Date;
   const MAX_DEPTH = 64;
   // Tool ids are validated by the host; none can contain a NUL, so this one cannot collide.
@@ -144,7 +137,13 @@
   });
 
   // ---- tools ---------------------------------------------------------------------------------
-  let catalog = ObjectFreeze([]);
+  // The catalog lives in Rust, shared by every run of the worker; nothing of it is copied into
+  // this VM until the cell asks (`ALL_TOOLS`, `tools.search`, `tools.<name>`).
+  const hostAll = host.all;
+  const hostNames = host.names;
+  const hostResolve = host.resolve;
+  const hostSearch = host.search;
+  const hostDescribe = host.describe;
 
   function callValue(id, input) {
     if (typeof id !== "string") {
@@ -157,88 +156,113 @@
     return { tool: id, result };
   }
 
-  function tokens(textValue) {
-    const spaced = ReflectApply(StringReplace, StringCtor(textValue), [/([a-z0-9])([A-Z])/g, "$1 $2"]);
-    const lower = ReflectApply(StringToLowerCase, spaced, []);
-    const parts = ReflectApply(StringSplit, lower, [/[^a-z0-9]+/]);
-    const out = [];
-    for (let i = 0; i < parts.length; i++) {
-      let word = parts[i];
-      if (!word) continue;
-      if (word.length > 4 && ReflectApply(StringSlice, word, [-1]) === "s") word = ReflectApply(StringSlice, word, [0, -1]);
-      push(out, word);
+  function deepFreeze(value) {
+    if (value !== null && typeof value === "object") {
+      const keys = ObjectKeys(value);
+      for (let i = 0; i < keys.length; i++) deepFreeze(value[keys[i]]);
+      ObjectFreeze(value);
     }
-    return out;
+    return value;
   }
 
-  /// Lexical catalog search: name hits weigh more than description hits; exact name first.
   async function search(query, options) {
-    const q = StringCtor(query === undefined ? "" : query);
-    let limit = options && typeof options.limit === "number" ? options.limit : host.searchDefaultLimit;
-    limit = limit >= 1 ? (limit > host.maxSearchLimit ? host.maxSearchLimit : limit | 0) : 1;
-    const wanted = tokens(q);
-    const scored = [];
-    for (let i = 0; i < catalog.length; i++) {
-      const entry = catalog[i];
-      if (entry.name === q || entry.id === q) {
-        push(scored, { entry, score: 1e9, order: i });
-        continue;
-      }
-      const nameTokens = tokens(entry.name);
-      const descTokens = tokens(entry.description || "");
-      let score = 0;
-      for (let j = 0; j < wanted.length; j++) {
-        const w = wanted[j];
-        for (let k = 0; k < nameTokens.length; k++) if (nameTokens[k] === w) score += 3;
-        for (let k = 0; k < descTokens.length; k++) if (descTokens[k] === w) score += 1;
-      }
-      if (score > 0) push(scored, { entry, score, order: i });
-    }
-    ReflectApply(ArraySort, scored, [(a, b) => b.score - a.score || a.order - b.order]);
-    const out = [];
-    for (let i = 0; i < scored.length && i < limit; i++) push(out, scored[i].entry);
-    return out;
+    const limit = options !== null && typeof options === "object" && typeof options.limit === "number" ? options.limit : undefined;
+    return deepFreeze(JsonParse(hostSearch(StringCtor(query === undefined ? "" : query), limit)));
   }
 
   async function describe(id) {
-    for (let i = 0; i < catalog.length; i++) {
-      if (catalog[i].id === id || catalog[i].name === id) return catalog[i];
-    }
-    throw new ErrorCtor("unknown tool: " + StringCtor(id));
+    const found = hostDescribe(StringCtor(id));
+    if (found === null || found === undefined) throw new ErrorCtor("unknown tool: " + StringCtor(id));
+    return deepFreeze(JsonParse(found));
   }
 
-  const RESERVED = new SetCtor(["search", "describe", "call", "callValue"]);
-  function safeName(name) {
-    let out = ReflectApply(StringReplace, StringCtor(name), [/[^A-Za-z0-9_$]/g, "_"]);
-    if (/^[0-9]/.test(out)) out = "_" + out;
-    return out;
+  const helpers = ObjectFreeze({ search, describe, call, callValue });
+  const bound = ObjectCreate(null);
+  function convenience(name) {
+    if (typeof name !== "string") return undefined;
+    if (ObjectHasOwn(helpers, name)) return helpers[name];
+    if (ObjectHasOwn(bound, name)) return bound[name];
+    const id = hostResolve(name);
+    if (id === null || id === undefined) return undefined;
+    const fn = (input) => callValue(id, input);
+    bound[name] = fn;
+    return fn;
+  }
+  // `tools` is a read-only view: the helpers, plus `tools.<name>` for every unambiguous tool,
+  // resolved on first use. Writes are refused so a cell cannot shadow a helper for itself.
+  const tools = new Proxy(ObjectCreate(null), {
+    get: (_, name) => convenience(name),
+    has: (_, name) => convenience(name) !== undefined,
+    ownKeys: () => [...ObjectKeys(helpers), ...JsonParse(hostNames())],
+    getOwnPropertyDescriptor: (_, name) => {
+      const value = convenience(name);
+      return value === undefined ? undefined : { value, writable: false, enumerable: true, configurable: true };
+    },
+    set: () => false,
+    defineProperty: () => false,
+    deleteProperty: () => false,
+    setPrototypeOf: () => false,
+  });
+  let allTools;
+  ObjectDefineProperty(G, "ALL_TOOLS", {
+    get: () => (allTools === undefined ? (allTools = deepFreeze(JsonParse(hostAll()))) : allTools),
+    enumerable: false,
+  });
+  ObjectDefineProperty(G, "tools", { value: tools, enumerable: false });
+  ObjectDefineProperty(G, "searchTools", { value: search, enumerable: false });
+  ObjectDefineProperty(G, "describeTool", { value: describe, enumerable: false });
+
+  // ---- namespaces ----------------------------------------------------------------------------
+  // Plugin domain APIs (`Issues.list(...)`): plain data plus call markers, built per run by the
+  // host. A marker becomes a function whose call goes through the catalog tool path in the host.
+  const NAMESPACE_TOOL = "\u0000ns";
+  const namespaceInfo = ObjectCreate(null);
+  const namespacesView = ObjectCreate(null);
+
+  function buildScope(value, ns) {
+    if (value === null || typeof value !== "object") return value;
+    if (ArrayIsArray(value)) {
+      const out = [];
+      for (let i = 0; i < value.length; i++) push(out, buildScope(value[i], ns));
+      return ObjectFreeze(out);
+    }
+    if (typeof value.$call === "string") {
+      const path = value.$call;
+      return function (...args) {
+        return hostCall(NAMESPACE_TOOL, toJson({ ns, path, args }));
+      };
+    }
+    const out = ObjectCreate(null);
+    const keys = ObjectKeys(value);
+    for (let i = 0; i < keys.length; i++) out[keys[i]] = buildScope(value[keys[i]], ns);
+    return ObjectFreeze(out);
   }
 
-  function installCatalog(catalogJson) {
-    const entries = JsonParse(catalogJson);
-    const tools = ObjectCreate(null);
-    tools.search = search;
-    tools.describe = describe;
-    tools.call = call;
-    tools.callValue = callValue;
-    const counts = ObjectCreate(null);
-    for (let i = 0; i < entries.length; i++) {
-      const n = safeName(entries[i].name);
-      counts[n] = (counts[n] || 0) + 1;
+  function installNamespaces(json) {
+    const list = JsonParse(json);
+    for (let i = 0; i < list.length; i++) {
+      const item = list[i];
+      const scope = buildScope(item.scope, item.id);
+      namespacesView[item.globalName] = scope;
+      namespaceInfo[item.globalName] = deepFreeze({
+        name: item.globalName,
+        id: item.id,
+        description: item.description,
+        prompt: item.prompt,
+        tools: item.tools,
+      });
+      ObjectDefineProperty(G, item.globalName, { value: scope, enumerable: false });
     }
-    for (let i = 0; i < entries.length; i++) {
-      const entry = ObjectFreeze(entries[i]);
-      const n = safeName(entry.name);
-      if (counts[n] === 1 && !ReflectApply(SetHas, RESERVED, [n])) {
-        const id = entry.id;
-        tools[n] = (input) => callValue(id, input);
-      }
-    }
-    catalog = ObjectFreeze(entries);
-    ObjectDefineProperty(G, "tools", { value: ObjectFreeze(tools), enumerable: false, configurable: true });
-    ObjectDefineProperty(G, "ALL_TOOLS", { value: catalog, enumerable: false, configurable: true });
+    ObjectFreeze(namespacesView);
   }
-  installCatalog("[]");
+
+  async function describeNamespace(name) {
+    const info = namespaceInfo[StringCtor(name)];
+    return info === undefined ? undefined : info;
+  }
+
+  ObjectDefineProperty(G, "namespaces", { value: namespacesView, enumerable: false });
+  ObjectDefineProperty(G, "describeNamespace", { value: describeNamespace, enumerable: false });
 
   // ---- determinism: seeded Math.random and a journaled clock ---------------------------------
   let s0 = 0, s1 = 0, s2 = 0, s3 = 0;
@@ -316,5 +340,5 @@
     return new ErrorCtor(StringCtor(message));
   }
 
-  return { runCell, describeError, makeError, installCatalog, seed };
+  return { runCell, describeError, makeError, seed, installNamespaces };
 })

@@ -1,20 +1,22 @@
 //! Behaviour of one run, driven as the worker drives it.
 
-use codemode_engine::{Engine, ErrorCode, Language, Limits, OutputKind, Settlement, Status};
+use std::sync::Arc;
+
+use codemode_engine::{Catalog, Engine, ErrorCode, Language, Limits, OutputKind, Settlement, Status};
 
 fn engine() -> Engine {
     engine_with(Limits::default())
 }
 
 fn engine_with(limits: Limits) -> Engine {
-    match Engine::new(limits) {
+    match Engine::new(limits, Arc::new(Catalog::empty())) {
         Ok(e) => e,
         Err(e) => panic!("engine: {e}"),
     }
 }
 
 fn run(source: &str) -> Status {
-    engine().start(source, Language::JavaScript, 2000.0, 7).status
+    engine().start(source, Language::JavaScript, 2000.0, 7, "[]").status
 }
 
 fn failure_code(status: &Status) -> Option<ErrorCode> {
@@ -64,7 +66,7 @@ fn tool_calls_are_reported_and_settled() {
         "const [a, b] = await Promise.all([tools.callValue('t:a', {n: 1}), tools.callValue('t:b', {n: 2})]); return a + b",
         Language::JavaScript,
         2000.0,
-        1,
+        1, "[]",
     );
     assert_eq!(out.status, Status::Pending);
     assert_eq!(out.calls.len(), 2);
@@ -84,7 +86,7 @@ fn tool_error_is_a_catchable_plain_error() {
         "try { await tools.callValue('t:x', {}) } catch (err) { return [err instanceof Error, err.message] }",
         Language::JavaScript,
         2000.0,
-        1,
+        1, "[]",
     );
     let id = out.calls[0].id;
     let done = e.settle(vec![Settlement { id, ok: false, payload: "tool t:x failed: nope".into() }], 2000.0);
@@ -99,7 +101,7 @@ fn too_many_pending_calls_reject() {
         "const ps = [1,2,3].map(i => tools.callValue('t', {i}).catch(e => e.message)); return 0",
         Language::JavaScript,
         2000.0,
-        1,
+        1, "[]",
     );
     assert_eq!(out.calls.len(), 2);
 }
@@ -113,7 +115,7 @@ fn infinite_loops_are_interrupted() {
         "try { throw 1 } finally { while (true) {} }",
         "Promise.resolve().then(() => { for (;;) {} }); await new Promise(r => Promise.resolve().then(r)); while(true){}",
     ] {
-        let status = engine().start(src, Language::JavaScript, 100.0, 1).status;
+        let status = engine().start(src, Language::JavaScript, 100.0, 1, "[]").status;
         assert_eq!(failure_code(&status), Some(ErrorCode::Timeout), "{src}");
     }
 }
@@ -127,7 +129,7 @@ fn memory_bombs_end_the_run_even_when_caught() {
         "try { let s = 'x'; while (true) s = s.repeat(2) } catch (e) { return 'swallowed' }",
         "const root = {}; let n = root; while (true) { n.next = {a: [1, 2, 3], b: {}}; n = n.next }",
     ] {
-        let status = engine_with(limits).start(src, Language::JavaScript, 5000.0, 1).status;
+        let status = engine_with(limits).start(src, Language::JavaScript, 5000.0, 1, "[]").status;
         assert_eq!(failure_code(&status), Some(ErrorCode::MemoryLimitExceeded), "{src}");
     }
 }
@@ -150,18 +152,18 @@ fn output_flood_is_cut() {
             "try { while (true) text('xxxxxxxx') } catch (e) { return 'swallowed' }",
             Language::JavaScript,
             2000.0,
-            1,
+            1, "[]",
         )
         .status;
     assert_eq!(failure_code(&status), Some(ErrorCode::OutputLimitExceeded));
-    let status = engine_with(limits).start("return 'y'.repeat(5000)", Language::JavaScript, 2000.0, 1).status;
+    let status = engine_with(limits).start("return 'y'.repeat(5000)", Language::JavaScript, 2000.0, 1, "[]").status;
     assert_eq!(failure_code(&status), Some(ErrorCode::OutputLimitExceeded));
 }
 
 #[test]
 fn outputs_keep_call_order() {
     let out =
-        engine().start("text('a'); json({b: 1}); console.warn('c', 2); return null", Language::JavaScript, 2000.0, 1);
+        engine().start("text('a'); json({b: 1}); console.warn('c', 2); return null", Language::JavaScript, 2000.0, 1, "[]");
     let kinds: Vec<_> = out.outputs.iter().map(|o| (o.kind, o.text.as_str())).collect();
     assert_eq!(kinds, vec![(OutputKind::Text, "a"), (OutputKind::Json, r#"{"b":1}"#), (OutputKind::Warn, "c 2")]);
 }
@@ -202,15 +204,15 @@ fn host_globals_do_not_exist() {
 
 #[test]
 fn random_is_seeded_and_clock_replays() {
-    let a = engine().start("return [Math.random(), Math.random()]", Language::JavaScript, 2000.0, 99).status;
-    let b = engine().start("return [Math.random(), Math.random()]", Language::JavaScript, 2000.0, 99).status;
-    let c = engine().start("return [Math.random(), Math.random()]", Language::JavaScript, 2000.0, 100).status;
+    let a = engine().start("return [Math.random(), Math.random()]", Language::JavaScript, 2000.0, 99, "[]").status;
+    let b = engine().start("return [Math.random(), Math.random()]", Language::JavaScript, 2000.0, 99, "[]").status;
+    let c = engine().start("return [Math.random(), Math.random()]", Language::JavaScript, 2000.0, 100, "[]").status;
     assert_eq!(a, b);
     assert_ne!(a, c);
     let mut e = engine();
     e.replay_clock(&[1000.0, 2000.0]);
     let out =
-        e.start("return [Date.now(), new Date().getTime(), new Date(5).getTime()]", Language::JavaScript, 2000.0, 1);
+        e.start("return [Date.now(), new Date().getTime(), new Date(5).getTime()]", Language::JavaScript, 2000.0, 1, "[]");
     assert_eq!(out.status, Status::Completed("[1000,2000,5]".into()));
     assert_eq!(out.clock_reads, vec![1000.0, 2000.0]);
 }
@@ -222,7 +224,7 @@ fn typescript_cells_run() {
             "interface P { x: number }\nconst p: P = { x: 41 };\nreturn (p.x as number) + 1;",
             Language::TypeScript,
             2000.0,
-            1,
+            1, "[]",
         )
         .status;
     assert_eq!(status, Status::Completed("42".into()));
@@ -238,7 +240,7 @@ fn build_cost_is_printed() {
     let mut engines: Vec<_> = (0..50).map(|_| engine()).collect();
     let t = std::time::Instant::now();
     for e in engines.iter_mut() {
-        let _ = e.start("return 1 + 1", Language::JavaScript, 1000.0, 1);
+        let _ = e.start("return 1 + 1", Language::JavaScript, 1000.0, 1, "[]");
     }
     println!("start trivial: {:?} each", t.elapsed() / 50);
 }
@@ -246,7 +248,7 @@ fn build_cost_is_printed() {
 #[test]
 fn yield_control_is_a_call_the_host_settles() {
     let mut e = engine();
-    let out = e.start("await yield_control('need input'); return 'resumed'", Language::JavaScript, 2000.0, 1);
+    let out = e.start("await yield_control('need input'); return 'resumed'", Language::JavaScript, 2000.0, 1, "[]");
     assert_eq!(out.status, Status::Pending);
     assert_eq!(out.calls[0].tool, codemode_engine::YIELD_TOOL);
     assert_eq!(out.calls[0].input_json, r#""need input""#);

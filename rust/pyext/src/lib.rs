@@ -6,13 +6,15 @@
 
 mod errors;
 
-use codemode_engine::{Engine as Inner, Language, Limits, Outcome, Settlement, Status};
+use std::sync::Arc;
+
+use codemode_engine::{Catalog as InnerCatalog, Engine as Inner, Language, Limits, Outcome, Settlement, Status};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 /// (code, name, message, stack)
 type PyFailure = (Option<&'static str>, String, String, String);
-/// (status, value_json, failure, outputs, calls, clock_reads, in_flight, memory_bytes)
+/// (status, value_json, failure, outputs, calls, clock_reads, in_flight, memory_bytes, searches, describes)
 type PyOutcome = (
     &'static str,
     Option<String>,
@@ -22,6 +24,8 @@ type PyOutcome = (
     Vec<f64>,
     usize,
     usize,
+    u32,
+    u32,
 );
 
 fn convert(outcome: Outcome) -> PyOutcome {
@@ -39,7 +43,34 @@ fn convert(outcome: Outcome) -> PyOutcome {
         outcome.clock_reads,
         outcome.in_flight,
         outcome.memory_bytes,
+        outcome.searches,
+        outcome.describes,
     )
+}
+
+/// A parsed catalog with its search index, shared by every engine built from it.
+#[pyclass(frozen, module = "codemode._engine")]
+struct Catalog {
+    inner: Arc<InnerCatalog>,
+}
+
+#[pymethods]
+impl Catalog {
+    #[new]
+    fn new(entries_json: &str) -> PyResult<Self> {
+        InnerCatalog::from_json(entries_json)
+            .map(|c| Catalog { inner: Arc::new(c) })
+            .map_err(|e| PyValueError::new_err(e))
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+
+    /// Search results as JSON text (the same search the guest's `tools.search` runs).
+    fn search(&self, query: &str, limit: usize) -> String {
+        self.inner.search_json(query, limit)
+    }
 }
 
 /// One sandboxed run. Build it before the cell arrives; `start` once; `settle` as results come.
@@ -51,8 +82,10 @@ struct Engine {
 #[pymethods]
 impl Engine {
     #[new]
-    #[pyo3(signature = (*, memory_limit_bytes, max_output_bytes, max_pending_calls, stack_bytes = 1 << 20, max_bridge_bytes = 16 << 20, search_default_limit = 8, max_search_limit = 50))]
+    #[pyo3(signature = (*, catalog, memory_limit_bytes, max_output_bytes, max_pending_calls, stack_bytes = 1 << 20, max_bridge_bytes = 16 << 20, search_default_limit = 8, max_search_limit = 50))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
+        catalog: &Catalog,
         memory_limit_bytes: usize,
         max_output_bytes: usize,
         max_pending_calls: usize,
@@ -70,22 +103,25 @@ impl Engine {
             search_default_limit,
             max_search_limit,
         };
-        Inner::new(limits).map(|inner| Engine { inner }).map_err(errors::init_error)
-    }
-
-    /// Installs `ALL_TOOLS` and `tools.*` from a JSON array of catalog entries.
-    fn install_catalog(&mut self, entries_json: &str) -> PyResult<()> {
-        self.inner.install_catalog(entries_json).map_err(errors::init_error)
+        Inner::new(limits, catalog.inner.clone()).map(|inner| Engine { inner }).map_err(errors::init_error)
     }
 
     /// Runs the cell until it completes, fails, or waits on tool calls.
-    fn start(&mut self, source: &str, language: &str, timeout_ms: f64, seed: u64) -> PyResult<PyOutcome> {
+    #[pyo3(signature = (source, language, timeout_ms, seed, namespaces_json = "[]"))]
+    fn start(
+        &mut self,
+        source: &str,
+        language: &str,
+        timeout_ms: f64,
+        seed: u64,
+        namespaces_json: &str,
+    ) -> PyResult<PyOutcome> {
         let language = match language {
             "javascript" => Language::JavaScript,
             "typescript" => Language::TypeScript,
             other => return Err(PyValueError::new_err(format!("unknown language: {other:?}"))),
         };
-        Ok(convert(self.inner.start(source, language, timeout_ms, seed)))
+        Ok(convert(self.inner.start(source, language, timeout_ms, seed, namespaces_json)))
     }
 
     /// Delivers `(call_id, ok, payload)` results (payload: JSON value, or an error message).
@@ -108,10 +144,11 @@ impl Engine {
 #[pymodule]
 fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Engine>()?;
+    m.add_class::<Catalog>()?;
     m.add("EngineInitError", m.py().get_type::<errors::EngineInitError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("PRELUDE_HASH", format!("{:016x}", codemode_engine::prelude_hash()))?;
     m.add("YIELD_TOOL", codemode_engine::YIELD_TOOL)?;
-    m.add("__all__", ["PRELUDE_HASH", "YIELD_TOOL", "Engine", "EngineInitError", "__version__"])?;
+    m.add("__all__", ["PRELUDE_HASH", "YIELD_TOOL", "Catalog", "Engine", "EngineInitError", "__version__"])?;
     Ok(())
 }

@@ -1,0 +1,638 @@
+"""Tool schemas and the compact text the model sees about them: hints, the quick index, search fields.
+
+Everything here is pure (no I/O) and deterministic, so a catalog built twice from the same tools
+renders the same bytes. Schemas are plain JSON Schema dicts; the ones built from Python functions
+come from msgspec and are made self-contained (``$ref`` inlined) so hints can be rendered from them.
+
+**Closed** schemas. An output hint promises the model the exact shape of a result, so it is only
+rendered for a *closed* schema: every object level lists all of its keys
+(``additionalProperties: false``), and every other level is a primitive, an enum/const, or an
+array/tuple/union of closed things. ``dict[str, Any]``, ``Record``-like maps, ``{}``, unresolved or
+recursive references and ``allOf`` are open. Schemas built from a return annotation close every
+object that comes from a msgspec ``Struct``, dataclass, attrs class or ``TypedDict``: the encoder
+emits exactly the declared fields of the first three, and for a ``TypedDict`` (a plain dict at
+run time) it is the host's promise, enforced by :func:`compile_output_validator`. A type that
+explicitly sets ``additionalProperties`` (through ``Meta(extra_json_schema=...)``) keeps it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import re
+import typing
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import fastjsonschema
+import msgspec
+
+from .errors import ToolDefinitionError
+
+__all__ = [
+    "compile_output_validator",
+    "inline_refs",
+    "input_hint",
+    "output_hint",
+    "quick_index",
+    "schemas_from_function",
+    "search_fields",
+]
+
+JsonSchema = dict[str, Any]
+
+#: Nesting deeper than this renders as ``unknown`` (and is open): hints never recurse without bound.
+_MAX_DEPTH = 32
+#: ``$ref`` expansions per schema; a diamond of references would otherwise inline exponentially.
+_MAX_REF_EXPANSIONS = 1000
+_MAX_SEARCH_FIELDS = 64
+_MAX_SEARCH_FIELD_CHARS = 200
+_MAX_ERROR_CHARS = 300
+
+_ELLIPSIS = "…"
+_FOLDED = "{ … }"
+_IDENT = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*")
+#: Item types that read unambiguously with a ``[]`` suffix; anything else is written ``Array<T>``.
+_SIMPLE_TYPE = re.compile(r"[A-Za-z]+(?:\[\])*")
+_INDEX = re.compile(r"[0-9]{1,9}")
+
+# JSON Schema keywords whose values are subschemas, by shape (drafts 07 and 2020-12).
+_SCHEMA_MAPS = ("properties", "patternProperties", "dependentSchemas", "$defs", "definitions")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+_SCHEMA_SINGLE = (
+    "items",
+    "additionalItems",
+    "additionalProperties",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+)
+_PRIMITIVES = {"string": "string", "integer": "number", "number": "number", "boolean": "boolean", "null": "null"}
+
+
+# ---- schemas from Python functions -----------------------------------------------------------------
+
+
+def schemas_from_function(fn: Callable[..., Any]) -> tuple[JsonSchema, JsonSchema | None]:
+    """``(input schema, output schema or None)`` for a tool function, both without ``$ref``.
+
+    The input is a closed object of the parameters (open when the function takes ``*args`` or
+    ``**kwargs``); parameters without a default are required. Annotations are read with
+    ``get_type_hints(include_extras=True)``, so ``Annotated[T, msgspec.Meta(description=...)]``
+    documents a parameter. Anything msgspec cannot describe (no annotation, a custom class,
+    unresolvable forward references) becomes ``{}``: an honest "any" beats refusing the tool. The
+    output is None when the return annotation is missing, ``Any`` or indescribable.
+    """
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins have no signature: accept any arguments
+        return {"type": "object", "additionalProperties": True}, None
+    hints = _type_hints(fn)
+    fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
+    rename: dict[str, str] = {}
+    variadic = False
+    for index, param in enumerate(signature.parameters.values()):
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            variadic = True
+            continue
+        # Synthetic attribute names sidestep names a Struct cannot hold (``__x``); rename restores them.
+        attr = f"p{index}"
+        rename[attr] = param.name
+        annotation = _describable(hints.get(param.name, Any))
+        if param.default is param.empty:
+            fields.append((attr, annotation))
+        elif param.default is None or isinstance(param.default, (str, int, float, bool)):
+            fields.append((attr, annotation, param.default))  # a JSON scalar: shown as the schema default
+        else:
+            # Other defaults may be mutable or not JSON; the struct is never built, so an unused
+            # factory marks the field optional without putting the value in the schema.
+            fields.append((attr, annotation, msgspec.field(default_factory=object)))
+    struct = msgspec.defstruct("Input", fields, kw_only=True, forbid_unknown_fields=not variadic, rename=rename)
+    (root,), components = msgspec.json.schema_components([struct], schema_hook=_any_schema)
+    input_schema = inline_refs({**root, "$defs": components})
+    input_schema.pop("title", None)  # the synthetic struct's name says nothing about the tool
+    if variadic:
+        input_schema["additionalProperties"] = True
+    returns = hints.get("return", Any)
+    if returns is Any:
+        return input_schema, None
+    try:
+        (root,), components = msgspec.json.schema_components([returns], schema_hook=_any_schema)
+    except (TypeError, ValueError):
+        return input_schema, None
+    for component in components.values():
+        if component.get("type") == "object":
+            component.setdefault("additionalProperties", False)  # see "Closed" in the module docstring
+    output_schema = inline_refs({**root, "$defs": components})
+    return input_schema, output_schema or None
+
+
+def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    """The annotations of ``fn`` (a function, method, partial or callable object), or ``{}``."""
+    target: Any = fn
+    if isinstance(fn, functools.partial):
+        target = fn.func
+    elif not inspect.isroutine(fn):
+        target = type(fn).__call__
+    try:
+        return typing.get_type_hints(target, include_extras=True)
+    except Exception:  # annotations are arbitrary code (bad forward refs, typos): treat as absent
+        return {}
+
+
+def _any_schema(_cls: type) -> JsonSchema:
+    """msgspec ``schema_hook``: a type msgspec cannot describe accepts anything."""
+    return {}
+
+
+def _describable(annotation: Any) -> Any:
+    """``annotation`` if msgspec can build a schema for it, else ``Any`` (e.g. unions of str-likes)."""
+    try:
+        msgspec.json.schema_components([annotation], schema_hook=_any_schema)
+    except (TypeError, ValueError):
+        return Any
+    return annotation
+
+
+# ---- $ref inlining ------------------------------------------------------------------------------
+
+
+def inline_refs(schema: JsonSchema) -> JsonSchema:
+    """A copy of ``schema`` with local ``$ref``s replaced by their targets and ``$defs`` dropped.
+
+    Keywords beside a ``$ref`` override the target's (a field's description beats its type's
+    docstring). A reference met again inside its own expansion (recursion), one that does not
+    resolve, one that is not local, or one past the expansion budget is left as its sibling
+    keywords alone, usually ``{}``: "any", which also makes the schema open.
+    """
+    budget = [_MAX_REF_EXPANSIONS]
+
+    def walk(node: Any, active: frozenset[str], depth: int) -> Any:
+        if not isinstance(node, dict):
+            return node
+        if depth > _MAX_DEPTH:
+            return {}
+        node = {k: v for k, v in node.items() if k not in ("$defs", "definitions")}
+        ref = node.pop("$ref", None)
+        if isinstance(ref, str) and ref not in active and budget[0] > 0:
+            target = _resolve_pointer(schema, ref)
+            if isinstance(target, dict):
+                budget[0] -= 1
+                return walk({**target, **node}, active | {ref}, depth + 1)
+        return _map_children(node, lambda child: walk(child, active, depth + 1))
+
+    result = walk(schema, frozenset(), 0)
+    return result if isinstance(result, dict) else {}
+
+
+def _resolve_pointer(root: JsonSchema, ref: str) -> Any:
+    """The value a local ``#/json/pointer`` reference names, or None."""
+    if not ref.startswith("#"):
+        return None
+    node: Any = root
+    for raw in ref[1:].split("/")[1:]:
+        part = re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), raw)
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def _map_children(node: JsonSchema, fn: Callable[[Any], Any]) -> JsonSchema:
+    """A copy of ``node`` with ``fn`` applied to each direct subschema (keyword-aware, so a
+    property *named* like a keyword is never mistaken for one)."""
+    out = dict(node)
+    for key in _SCHEMA_MAPS:
+        value = out.get(key)
+        if isinstance(value, dict):
+            out[key] = {name: fn(child) for name, child in value.items()}
+    for key in _SCHEMA_LISTS:
+        value = out.get(key)
+        if isinstance(value, list):
+            out[key] = [fn(child) for child in value]
+    for key in _SCHEMA_SINGLE:
+        value = out.get(key)
+        if isinstance(value, dict):
+            out[key] = fn(value)
+    return out
+
+
+# ---- rendering ----------------------------------------------------------------------------------
+
+
+def input_hint(schema: JsonSchema | None, *, max_chars: int = 160) -> str:
+    """A TypeScript-style signature of a tool's input, at most ``max_chars`` long.
+
+    Too long in full, it degrades step by step: nested objects beyond two levels, then beyond one,
+    fold to ``{ … }``; then the top-level object keeps the fields that fit, required ones first,
+    ending in ``; … }``; a last resort cuts the text and ends it with ``…``.
+    """
+    node = inline_refs(schema) if isinstance(schema, dict) else schema
+    text = ""
+    for keep in (_MAX_DEPTH, 2, 1):
+        text = _render(node, keep, 0)
+        if len(text) <= max_chars:
+            return text
+    if isinstance(node, dict) and _is_plain_object(node):
+        fitted = _fit_fields(node, max_chars)
+        if fitted is not None:
+            return fitted
+    return _clip(text, max_chars)
+
+
+def output_hint(schema: JsonSchema | None, *, max_chars: int = 200) -> str | None:
+    """The rendered output type when ``schema`` is closed and fits in ``max_chars``; else None.
+
+    Never abbreviated: a partial shape would read as the whole promise, so the caller shows ``?``.
+    """
+    if not isinstance(schema, dict):
+        return None
+    node = inline_refs(schema)
+    if not _closed(node, 0):
+        return None
+    text = _render(node, _MAX_DEPTH, 0)
+    return text if len(text) <= max_chars else None
+
+
+def _render(node: Any, keep: int, depth: int) -> str:
+    """``node`` as a TypeScript type; objects more than ``keep`` levels down fold to ``{ … }``."""
+    if node is False:
+        return "never"
+    if not isinstance(node, dict) or depth > _MAX_DEPTH:
+        return "unknown"
+    if "const" in node:
+        return _literal(node["const"])
+    enum = node.get("enum")
+    if isinstance(enum, list):
+        return _union([_literal(value) for value in enum])
+    for key in ("anyOf", "oneOf"):
+        members = node.get(key)
+        if isinstance(members, list) and members:
+            return _union([_render(member, keep, depth + 1) for member in members])
+    members = node.get("allOf")
+    if isinstance(members, list) and members:
+        parts = [_render(member, keep, depth + 1) for member in members]
+        return " & ".join(f"({part})" if " | " in part else part for part in parts)
+    kinds = _types(node)
+    return _union([_render_type(node, kind, keep, depth) for kind in kinds]) if kinds else "unknown"
+
+
+def _render_type(node: JsonSchema, kind: str, keep: int, depth: int) -> str:
+    if kind == "object":
+        return _render_object(node, keep, depth)
+    if kind == "array":
+        return _render_array(node, keep, depth)
+    return _PRIMITIVES.get(kind, "unknown")
+
+
+def _render_object(node: JsonSchema, keep: int, depth: int) -> str:
+    properties = _properties(node)
+    extra = node.get("additionalProperties")
+    if not properties:
+        if extra is False:
+            return "{}"
+        value = _render(extra, keep, depth + 1) if isinstance(extra, dict) else "unknown"
+        return f"Record<string, {value}>"
+    if keep <= 0:
+        return _FOLDED
+    required = _required(node)
+    fields = [_field(name, sub, name in required, keep - 1, depth + 1) for name, sub in properties.items()]
+    if extra is True or isinstance(extra, dict):  # only an explicit opening: JSON Schema's default is noise
+        value = _render(extra, keep - 1, depth + 1) if isinstance(extra, dict) else "unknown"
+        fields.append(f"[key: string]: {value}")
+    return "{ " + "; ".join(fields) + " }"
+
+
+def _render_array(node: JsonSchema, keep: int, depth: int) -> str:
+    items = node.get("items")
+    prefix = node.get("prefixItems")
+    if isinstance(prefix, list):
+        rest = items if "items" in node else True
+    elif isinstance(items, list):  # draft-07 tuple form
+        prefix, rest = items, node.get("additionalItems", True)
+    elif items is False:
+        return "[]"
+    else:
+        return _array_of(_render(items, keep, depth + 1) if isinstance(items, dict) else "unknown")
+    parts = [_render(item, keep, depth + 1) for item in prefix]
+    if rest is not False:
+        parts.append("..." + _array_of(_render(rest, keep, depth + 1) if isinstance(rest, dict) else "unknown"))
+    return "[" + ", ".join(parts) + "]"
+
+
+def _field(name: str, schema: Any, required: bool, keep: int, depth: int) -> str:
+    key = name if _IDENT.fullmatch(name) else json.dumps(name)
+    return f"{key}{'' if required else '?'}: {_render(schema, keep, depth)}"
+
+
+def _fit_fields(node: JsonSchema, max_chars: int) -> str | None:
+    """The top-level object with nested objects folded and only the fields that fit (required
+    first, then optional, each in schema order), marked incomplete by a trailing ``…``."""
+    properties = _properties(node)
+    required = _required(node)
+    order = [name for name in properties if name in required] + [name for name in properties if name not in required]
+    chosen: list[str] = []
+    for name in order:
+        field = _field(name, properties[name], name in required, 0, 1)
+        if len("{ " + "; ".join([*chosen, field, _ELLIPSIS]) + " }") <= max_chars:
+            chosen.append(field)
+    text = "{ " + "; ".join([*chosen, _ELLIPSIS]) + " }"
+    return text if len(text) <= max_chars else None
+
+
+def _is_plain_object(node: JsonSchema) -> bool:
+    """Whether ``node`` renders as an object literal with fields (so fields can be dropped)."""
+    combinators = ("const", "enum", "anyOf", "oneOf", "allOf")
+    return not any(key in node for key in combinators) and _types(node) == ["object"] and bool(_properties(node))
+
+
+def _types(node: JsonSchema) -> list[str]:
+    """The JSON types ``node`` allows, inferred from its keywords when ``type`` is absent."""
+    declared = node.get("type")
+    if isinstance(declared, str):
+        return [declared]
+    if isinstance(declared, list):
+        return list(dict.fromkeys(kind for kind in declared if isinstance(kind, str)))
+    if any(key in node for key in ("properties", "additionalProperties", "required")):
+        return ["object"]
+    if "items" in node or "prefixItems" in node:
+        return ["array"]
+    return []
+
+
+def _properties(node: JsonSchema) -> dict[str, Any]:
+    properties = node.get("properties")
+    return {str(name): sub for name, sub in properties.items()} if isinstance(properties, dict) else {}
+
+
+def _required(node: JsonSchema) -> set[str]:
+    required = node.get("required")
+    return {name for name in required if isinstance(name, str)} if isinstance(required, list) else set()
+
+
+def _union(parts: list[str]) -> str:
+    unique = list(dict.fromkeys(parts))
+    if not unique:
+        return "never"
+    return "unknown" if "unknown" in unique else " | ".join(unique)
+
+
+def _array_of(item: str) -> str:
+    return f"{item}[]" if _SIMPLE_TYPE.fullmatch(item) else f"Array<{item}>"
+
+
+def _clip(text: str, max_chars: int) -> str:
+    """``text`` cut to ``max_chars``, the cut marked by a final ``…``."""
+    if len(text) <= max_chars:
+        return text
+    return text[: max_chars - 1] + _ELLIPSIS if max_chars > 0 else ""
+
+
+def _literal(value: Any) -> str:
+    # ASCII-only escapes keep each hint on one line whatever the schema holds (e.g. U+2028).
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+def _closed(node: Any, depth: int) -> bool:
+    """Whether ``node`` fixes the whole shape of a value (see "Closed" in the module docstring).
+
+    Checks keywords in the same precedence as :func:`_render`, so a closed schema never renders
+    ``unknown``.
+    """
+    if not isinstance(node, dict) or depth > _MAX_DEPTH:
+        return False
+    if "const" in node or isinstance(node.get("enum"), list):
+        return True
+    for key in ("anyOf", "oneOf"):
+        members = node.get(key)
+        if isinstance(members, list) and members:
+            return all(_closed(member, depth + 1) for member in members)
+    if "allOf" in node:
+        return False  # closed objects intersect to nothing useful; keep the promise simple
+    kinds = _types(node)
+    return bool(kinds) and all(_closed_type(node, kind, depth) for kind in kinds)
+
+
+def _closed_type(node: JsonSchema, kind: str, depth: int) -> bool:
+    if kind in _PRIMITIVES:
+        return True
+    if kind == "object":
+        return (
+            node.get("additionalProperties") is False
+            and "patternProperties" not in node
+            and all(_closed(sub, depth + 1) for sub in _properties(node).values())
+        )
+    if kind == "array":
+        items = node.get("items")
+        prefix = node.get("prefixItems")
+        if isinstance(prefix, list):
+            rest = items if "items" in node else True
+        elif isinstance(items, list):
+            prefix, rest = items, node.get("additionalItems", True)
+        else:
+            return items is False or _closed(items, depth + 1)
+        closed_rest = rest is False or _closed(rest, depth + 1)
+        return closed_rest and all(_closed(item, depth + 1) for item in prefix)
+    return False
+
+
+# ---- the quick index ----------------------------------------------------------------------------
+
+
+def quick_index(entries: Iterable[Mapping[str, Any]], *, max_chars: int = 4000) -> str:
+    """The bounded tool list for the ``exec`` description: ``- <id> <input> -> <output or ?>``.
+
+    ``input`` and ``output`` are the rendered hints. Tools with a declared output come first (the
+    model can chain them without probing), then the rest, each group by id; MCP tools are left to
+    ``tools.search`` (their servers' schemas are untrusted and often large). Descriptions are never
+    included: they are untrusted prose and the costliest part. Lines stop before ``max_chars``
+    would be exceeded, and a footer counts every tool not listed, MCP ones included.
+    """
+    given = list(entries)
+    listed = sorted(
+        (entry for entry in given if entry.get("source") != "mcp"),
+        key=lambda entry: (entry.get("output") is None, str(entry.get("id"))),
+    )
+    lines = [
+        f"- {entry.get('id')} {entry.get('input') or 'unknown'} -> {entry.get('output') or '?'}" for entry in listed
+    ]
+
+    def render(shown: int) -> str:
+        omitted = len(given) - shown
+        footer = [f"(+{omitted} more: use tools.search(...) or ALL_TOOLS)"] if omitted else []
+        return "\n".join([*lines[:shown], *footer])
+
+    best = render(0)
+    body = -1  # length of "\n".join(lines[:shown]), counting the separator before the next line
+    for shown, line in enumerate(lines, start=1):
+        body += len(line) + 1
+        if body > max_chars:
+            break
+        text = render(shown)
+        if len(text) <= max_chars:
+            best = text
+    return _clip(best, max_chars)
+
+
+# ---- search -------------------------------------------------------------------------------------
+
+
+def search_fields(input_schema: JsonSchema | None, output_schema: JsonSchema | None) -> list[str]:
+    """Trusted text to index for ``tools.search``: property names and descriptions.
+
+    Walks the input schema and, when it is closed, the output schema (an open one describes data
+    the host does not vouch for), depth first in schema order; deduplicated and capped at
+    64 strings of at most 200 characters so one tool cannot flood the index.
+    """
+    found: dict[str, None] = {}
+    if isinstance(input_schema, dict):
+        _collect(inline_refs(input_schema), found, 0)
+    if isinstance(output_schema, dict):
+        output = inline_refs(output_schema)
+        if _closed(output, 0):
+            _collect(output, found, 0)
+    return list(found)[:_MAX_SEARCH_FIELDS]
+
+
+def _collect(node: Any, found: dict[str, None], depth: int) -> None:
+    if not isinstance(node, dict) or depth > _MAX_DEPTH or len(found) >= _MAX_SEARCH_FIELDS:
+        return
+    _add_field(found, node.get("description"))
+    for name, sub in _properties(node).items():
+        _add_field(found, name)
+        _collect(sub, found, depth + 1)
+    for child in _children(node, skip="properties"):
+        _collect(child, found, depth + 1)
+
+
+def _add_field(found: dict[str, None], text: Any) -> None:
+    if isinstance(text, str) and text.strip():
+        found.setdefault(text.strip()[:_MAX_SEARCH_FIELD_CHARS], None)
+
+
+def _children(node: JsonSchema, *, skip: str) -> Iterator[Any]:
+    """The direct subschemas of ``node`` in keyword order, except those under ``skip``."""
+    for key in _SCHEMA_MAPS:
+        value = node.get(key)
+        if key != skip and isinstance(value, dict):
+            yield from value.values()
+    for key in _SCHEMA_LISTS:
+        value = node.get(key)
+        if isinstance(value, list):
+            yield from value
+    for key in _SCHEMA_SINGLE:
+        value = node.get(key)
+        if isinstance(value, dict):
+            yield value
+
+
+# ---- output validation --------------------------------------------------------------------------
+
+
+class _NoRemoteRefs(Mapping[str, Callable[[str], Any]]):
+    """fastjsonschema fetches a ``$ref`` URI with urllib unless a handler claims its scheme; this
+    claims every scheme and refuses, so compiling a schema never touches the network."""
+
+    def __getitem__(self, scheme: str) -> Callable[[str], Any]:
+        return _refuse_remote
+
+    def __contains__(self, scheme: object) -> bool:
+        return True
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+def _refuse_remote(uri: str) -> Any:
+    raise fastjsonschema.JsonSchemaDefinitionException(f"remote $ref {uri!r} is not allowed")
+
+
+def compile_output_validator(schema: JsonSchema) -> Callable[[Any], str | None]:
+    """A validator for a tool's JSON-decoded result: None when valid, else a short message.
+
+    Compiled once, when the tool is registered. Messages name the failing location and rule but
+    never quote the value (results can hold secrets and the message reaches the model): keys that
+    the schema does not declare show as ``*``. ``format`` is not enforced (an annotation in JSON
+    Schema 2020-12, which msgspec targets), and ``prefixItems`` is translated for
+    fastjsonschema's draft 7. Raises :class:`ToolDefinitionError` if the schema cannot be compiled.
+    """
+    try:
+        draft7 = _to_draft7(schema)
+        validate = fastjsonschema.compile(draft7, handlers=_NoRemoteRefs(), use_default=False, use_formats=False)
+    except Exception as e:  # a code generator over arbitrary input: any failure means a bad schema
+        raise ToolDefinitionError(f"invalid output schema: {e}") from e
+    declared = set(_declared_names(schema, 0))
+
+    def check(value: Any) -> str | None:
+        try:
+            validate(value)
+        except fastjsonschema.JsonSchemaValueException as e:
+            return _error_message(e, declared)
+        return None
+
+    return check
+
+
+def _to_draft7(node: Any) -> Any:
+    """2020-12 tuples (``prefixItems`` + ``items``) as draft 7 (``items`` list + ``additionalItems``)."""
+    if not isinstance(node, dict):
+        return node
+    out = _map_children(node, _to_draft7)
+    prefix = out.pop("prefixItems", None)
+    if isinstance(prefix, list):
+        rest = out.pop("items", None)
+        out["items"] = prefix
+        if rest is not None:
+            out["additionalItems"] = rest
+    return out
+
+
+def _declared_names(node: Any, depth: int) -> Iterator[str]:
+    """Every property name the schema declares: the only keys safe to show in an error path."""
+    if not isinstance(node, dict) or depth > _MAX_DEPTH:
+        return
+    yield from _properties(node)
+    yield from _required(node)
+    for child in _children(node, skip=""):
+        yield from _declared_names(child, depth + 1)
+
+
+def _error_message(error: fastjsonschema.JsonSchemaValueException, declared: set[str]) -> str:
+    path = "data"
+    for part in error.path[1:]:
+        if _INDEX.fullmatch(part):
+            path += f"[{part}]"
+        else:
+            path += "." + (part if part in declared else "*")
+    rule, definition = error.rule, error.rule_definition
+    if rule == "type":
+        kinds = definition if isinstance(definition, list) else [definition]
+        problem = "must be " + " or ".join(str(kind) for kind in kinds)
+    elif rule == "required":
+        present = error.value if isinstance(error.value, dict) else {}
+        missing = [name for name in definition or [] if name not in present]
+        problem = "is missing required properties " + ", ".join(str(name) for name in missing)
+    elif rule == "additionalProperties":
+        problem = "has properties the schema does not declare"
+    elif rule in ("enum", "const"):
+        problem = "is not one of the declared values"
+    elif rule in ("anyOf", "oneOf"):
+        problem = "does not match the allowed shapes"
+    elif isinstance(definition, (int, float, str)) and not isinstance(definition, bool):
+        problem = f"violates {rule} {definition}"  # a bound from the schema, never from the value
+    else:
+        problem = f"violates {rule}" if rule else "is invalid"
+    return _clip(f"{path} {problem}", _MAX_ERROR_CHARS)

@@ -1,0 +1,106 @@
+"""Who may call what: allow/deny lists, the ``before_tool_call`` hook, approvals, and the trace.
+
+Nested calls from a cell go through the same gate a direct tool call would: a denied or hidden
+tool is not in the run's catalog at all (a guessed id gets the same "unknown tool" answer as a
+tool that does not exist), a hook can block a call or rewrite its input, and an approval
+callback can refuse it. Blocked calls reach the guest as plain errors that say so.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import threading
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import msgspec
+
+__all__ = ["Block", "Policy", "Rewrite", "ToolCallEvent", "Trace", "TraceEvent"]
+
+
+class ToolCallEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """What hooks and approvals see of one nested call."""
+
+    tool_id: str
+    name: str
+    source: str
+    owner: str
+    input: Any
+    session_id: str
+    #: The ``exec``/``wait`` call the nested call belongs to.
+    parent: str
+    #: ``code_mode_exec``: lets a policy tell code-mode cells from a shell ``exec``.
+    tool_kind: str = "code_mode_exec"
+
+
+class Block(msgspec.Struct, frozen=True):
+    """Returned by a hook: refuse the call; the guest sees ``tool call blocked: <reason>``."""
+
+    reason: str
+
+
+class Rewrite(msgspec.Struct, frozen=True):
+    """Returned by a hook: run the call with this input instead."""
+
+    input: Any
+
+
+HookResult = Block | Rewrite | None
+Hook = Callable[[ToolCallEvent], HookResult | Awaitable[HookResult]]
+Approver = Callable[[ToolCallEvent], bool | Awaitable[bool]]
+
+
+class Policy(msgspec.Struct, frozen=True):
+    """Allow and deny patterns over tool names and ids (``fnmatch`` globs); deny wins."""
+
+    allow: tuple[str, ...] | None = None
+    deny: tuple[str, ...] = ()
+
+    @staticmethod
+    def of(allow: Iterable[str] | None, deny: Iterable[str]) -> Policy:
+        return Policy(None if allow is None else tuple(allow), tuple(deny))
+
+    def permits(self, tool_id: str, name: str) -> bool:
+        def hit(patterns: Iterable[str]) -> bool:
+            return any(fnmatch.fnmatchcase(tool_id, p) or fnmatch.fnmatchcase(name, p) for p in patterns)
+
+        if hit(self.deny):
+            return False
+        return self.allow is None or hit(self.allow)
+
+
+class TraceEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, rename="camel"):
+    """One entry of the trace: a code-mode call (``exec``/``wait``) or a nested tool call."""
+
+    kind: str  # exec | wait | tool_call
+    id: str
+    session_id: str
+    at: float
+    duration_ms: float = 0.0
+    parent: str | None = None
+    tool_id: str | None = None
+    status: str | None = None
+    run_id: str | None = None
+
+
+class Trace:
+    """A bounded, thread-safe event list the host can export (``CodeMode.trace()``)."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self._events: deque[TraceEvent] = deque(maxlen=limit)
+        self._lock = threading.Lock()
+
+    def add(self, event: TraceEvent) -> None:
+        with self._lock:
+            self._events.append(event)
+
+    def export(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        with self._lock:
+            events = list(self._events)
+        return [msgspec.to_builtins(e) for e in events if session_id is None or e.session_id == session_id]
+
+    @staticmethod
+    def now() -> float:
+        return time.time()

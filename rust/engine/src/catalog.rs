@@ -1,0 +1,247 @@
+//! The run's tool catalog as the guest sees it, built once per catalog fingerprint.
+//!
+//! The host sends the catalog as JSON once per worker; the worker parses it here, renders the
+//! compact guest entries once, and builds the search index once. Every engine of that worker
+//! shares it (`Arc`), and the guest reaches it lazily through host functions — so a
+//! 10,000-tool catalog costs an exec nothing until the cell searches or lists it.
+//!
+//! MCP entries are kept (their ids resolve) but never appear in `ALL_TOOLS`, `tools.search`,
+//! `tools.describe` or `tools.<name>`: in code mode they are reached only through `MCP.*`.
+
+use std::collections::HashMap;
+
+use serde_json::{Map, Value};
+
+use crate::search::{IndexEntry, SearchIndex};
+
+/// Names `tools.<name>` can never take: they are the catalog helpers themselves.
+const RESERVED: [&str; 4] = ["search", "describe", "call", "callValue"];
+
+/// One tool: what the guest may see of it, pre-rendered as JSON text.
+#[derive(Debug)]
+struct Entry {
+    id: String,
+    mcp: bool,
+    /// `{id, name, label?, description, source, sourceName?, input, output?}`
+    compact: String,
+    /// The compact entry plus `parameters` and `outputSchema` (for `tools.describe`).
+    full: String,
+}
+
+/// A parsed catalog with its search index; immutable once built.
+#[derive(Debug)]
+pub struct Catalog {
+    entries: Vec<Entry>,
+    by_id: HashMap<String, usize>,
+    by_name: HashMap<String, usize>,
+    safe_names: HashMap<String, usize>,
+    /// Search results map through this: index position -> entry (MCP entries are not indexed).
+    indexed: Vec<usize>,
+    index: SearchIndex,
+    /// `ALL_TOOLS` as JSON text (non-MCP compact entries, catalog order).
+    all_json: String,
+    /// The safe names, sorted, as a JSON array (for `Object.keys(tools)`).
+    safe_names_json: String,
+}
+
+/// A JavaScript-identifier form of a tool name: other characters become `_`.
+pub fn safe_name(name: &str) -> String {
+    let mut out: String =
+        name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '$' { c } else { '_' }).collect();
+    if out.chars().next().is_none_or(|c| c.is_ascii_digit()) {
+        out.insert(0, '_');
+    }
+    out
+}
+
+fn text(object: &Map<String, Value>, key: &str) -> Option<String> {
+    object.get(key).and_then(Value::as_str).map(str::to_owned)
+}
+
+impl Catalog {
+    /// An empty catalog (a host without tools).
+    pub fn empty() -> Catalog {
+        Catalog::from_entries(Vec::new())
+    }
+
+    /// Parses the host's catalog: a JSON array of `{id, name, description, source, input,
+    /// label?, sourceName?, output?, parameters?, outputSchema?, fields?}` objects.
+    pub fn from_json(json: &str) -> Result<Catalog, String> {
+        let value: Value = serde_json::from_str(json).map_err(|e| format!("catalog is not valid JSON: {e}"))?;
+        let Value::Array(items) = value else {
+            return Err("catalog must be a JSON array".into());
+        };
+        let mut entries = Vec::with_capacity(items.len());
+        for (i, item) in items.into_iter().enumerate() {
+            let Value::Object(object) = item else {
+                return Err(format!("catalog entry {i} is not an object"));
+            };
+            entries.push(object);
+        }
+        Ok(Catalog::from_entries(entries))
+    }
+
+    fn from_entries(objects: Vec<Map<String, Value>>) -> Catalog {
+        let mut entries = Vec::with_capacity(objects.len());
+        let mut index_entries = Vec::new();
+        let mut indexed = Vec::new();
+        let mut by_id = HashMap::new();
+        let mut by_name = HashMap::new();
+        let mut name_counts: HashMap<String, (usize, usize)> = HashMap::new();
+        for (position, object) in objects.into_iter().enumerate() {
+            let id = text(&object, "id").unwrap_or_default();
+            let name = text(&object, "name").unwrap_or_default();
+            let mcp = object.get("source").and_then(Value::as_str) == Some("mcp");
+            let mut compact = Map::new();
+            for key in ["id", "name", "label", "description", "source", "sourceName", "input", "output"] {
+                if let Some(v) = object.get(key) {
+                    compact.insert(key.to_owned(), v.clone());
+                }
+            }
+            let mut full = compact.clone();
+            for key in ["parameters", "outputSchema"] {
+                if let Some(v) = object.get(key) {
+                    full.insert(key.to_owned(), v.clone());
+                }
+            }
+            if !mcp {
+                let fields = match object.get("fields") {
+                    Some(Value::Array(items)) => items.iter().filter_map(Value::as_str).map(str::to_owned).collect(),
+                    _ => Vec::new(),
+                };
+                index_entries.push(IndexEntry {
+                    id: id.clone(),
+                    name: name.clone(),
+                    label: text(&object, "label"),
+                    description: text(&object, "description").unwrap_or_default(),
+                    fields,
+                });
+                indexed.push(position);
+                let counted = name_counts.entry(safe_name(&name)).or_insert((0, position));
+                counted.0 += 1;
+                by_name.entry(name.clone()).or_insert(position);
+            }
+            by_id.entry(id.clone()).or_insert(position);
+            entries.push(Entry {
+                id,
+                mcp,
+                compact: Value::Object(compact).to_string(),
+                full: Value::Object(full).to_string(),
+            });
+        }
+        let safe_names: HashMap<String, usize> = name_counts
+            .into_iter()
+            .filter(|(name, (count, _))| *count == 1 && !RESERVED.contains(&name.as_str()))
+            .map(|(name, (_, position))| (name, position))
+            .collect();
+        let mut sorted: Vec<&String> = safe_names.keys().collect();
+        sorted.sort();
+        let safe_names_json = Value::from(sorted.into_iter().cloned().collect::<Vec<_>>()).to_string();
+        let all: Vec<&str> = entries.iter().filter(|e| !e.mcp).map(|e| e.compact.as_str()).collect();
+        let all_json = format!("[{}]", all.join(","));
+        Catalog {
+            index: SearchIndex::new(&index_entries),
+            entries,
+            by_id,
+            by_name,
+            safe_names,
+            indexed,
+            all_json,
+            safe_names_json,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// `ALL_TOOLS` as JSON text.
+    pub fn all_json(&self) -> &str {
+        &self.all_json
+    }
+
+    /// The sorted safe names as a JSON array.
+    pub fn safe_names_json(&self) -> &str {
+        &self.safe_names_json
+    }
+
+    /// Search results as a JSON array of compact entries.
+    pub fn search_json(&self, query: &str, limit: usize) -> String {
+        let hits: Vec<&str> = self
+            .index
+            .search(query, limit)
+            .into_iter()
+            .filter_map(|i| self.indexed.get(i))
+            .filter_map(|&position| self.entries.get(position))
+            .map(|e| e.compact.as_str())
+            .collect();
+        format!("[{}]", hits.join(","))
+    }
+
+    /// The full entry (with schemas) for an id or a tool name; MCP entries are not described here.
+    pub fn describe_json(&self, id_or_name: &str) -> Option<&str> {
+        let position = self.by_id.get(id_or_name).or_else(|| self.by_name.get(id_or_name))?;
+        let entry = self.entries.get(*position)?;
+        (!entry.mcp).then_some(entry.full.as_str())
+    }
+
+    /// The catalog id behind `tools.<name>`, if that name is unambiguous.
+    pub fn resolve_safe_name(&self, name: &str) -> Option<&str> {
+        let position = self.safe_names.get(name)?;
+        self.entries.get(*position).map(|e| e.id.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn catalog() -> Catalog {
+        let json = r#"[
+            {"id": "host:core:read", "name": "read", "description": "Read a file.", "source": "host", "input": "{ path: string }"},
+            {"id": "host:web:web-search", "name": "web-search", "description": "Search the web.", "source": "host", "input": "unknown"},
+            {"id": "host:a:dup", "name": "dup", "description": "one", "source": "host", "input": "unknown"},
+            {"id": "client:b:dup", "name": "dup", "description": "two", "source": "client", "input": "unknown"},
+            {"id": "host:core:search", "name": "search", "description": "reserved name", "source": "host", "input": "unknown"},
+            {"id": "mcp:gh:create_issue", "name": "create_issue", "description": "Create an issue.", "source": "mcp", "input": "unknown"}
+        ]"#;
+        match Catalog::from_json(json) {
+            Ok(c) => c,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn safe_names_skip_collisions_reserved_names_and_mcp() {
+        let c = catalog();
+        assert_eq!(c.resolve_safe_name("read"), Some("host:core:read"));
+        assert_eq!(c.resolve_safe_name("web_search"), Some("host:web:web-search"));
+        assert_eq!(c.resolve_safe_name("dup"), None);
+        assert_eq!(c.resolve_safe_name("search"), None);
+        assert_eq!(c.resolve_safe_name("create_issue"), None);
+        assert_eq!(c.safe_names_json(), r#"["read","web_search"]"#);
+    }
+
+    #[test]
+    fn mcp_entries_are_hidden_from_guest_views() {
+        let c = catalog();
+        assert!(!c.all_json().contains("mcp:"));
+        assert_eq!(c.describe_json("mcp:gh:create_issue"), None);
+        assert!(!c.search_json("create issue", 8).contains("mcp:"));
+        assert!(c.describe_json("host:core:read").is_some_and(|s| s.contains("\"input\"")));
+    }
+
+    #[test]
+    fn bad_catalogs_are_errors_not_panics() {
+        assert!(Catalog::from_json("{").is_err());
+        assert!(Catalog::from_json("{}").is_err());
+        assert!(Catalog::from_json("[1]").is_err());
+        assert!(Catalog::from_json("[{}]").is_ok());
+        assert_eq!(safe_name("9lives"), "_9lives");
+        assert_eq!(safe_name(""), "_");
+    }
+}
