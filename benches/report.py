@@ -24,6 +24,12 @@ ROWS = [
     ("`wait` on a resident suspended run (median)", "test_wait_on_resident_run", "<= 100 µs"),
     ("`wait` replaying a journal of 10 tool calls (median)", "test_wait_replaying_ten_journaled_calls", "<= 1 ms"),
     ("first exec on a new `CodeMode`, worker spawn included (median)", "test_first_exec_on_new_codemode", "<= 60 ms"),
+    ("warm `exec`, 10-tool catalog (median)", "test_exec_trivial_idle_by_catalog_size[10-tools]", ""),
+    (
+        "warm `exec`, 10,000-tool catalog (median)",
+        "test_exec_trivial_idle_by_catalog_size[10k-tools]",
+        "within 0.1 ms of 10",
+    ),
     ("pydantic-monty: warm `1 + 1` (median)", "test_monty_trivial_warm_session", ""),
     ("pydantic-monty: 10 external calls, start/resume (median)", "test_monty_toolcalls_start_resume", ""),
 ]
@@ -53,10 +59,23 @@ def table(data: dict) -> str:
         per_call = (ten - exec_idle) / 10
         derived.append(f"per sequential tool call: **{fmt(per_call)}** (budget <= 20 µs)")
         if "test_monty_toolcalls_start_resume" in median:
-            derived.append(f"10 tool calls / monty's 10 calls: **{ten / median['test_monty_toolcalls_start_resume']:.2f}x**")
+            derived.append(
+                f"10 tool calls / monty's 10 calls: **{ten / median['test_monty_toolcalls_start_resume']:.2f}x**"
+            )
+    small = median.get("test_exec_trivial_idle_by_catalog_size[10-tools]")
+    large = median.get("test_exec_trivial_idle_by_catalog_size[10k-tools]")
+    if small and large:
+        derived.append(f"10,000-tool catalog costs an exec **{fmt(large - small)}** more than a 10-tool one")
+    searches = median.get("test_exec_with_200_searches_by_catalog_size[10k-tools]")
+    if searches and large:
+        derived.append(
+            f"one `tools.search` over 10,000 tools in the guest: **{fmt((searches - large) / 200)}** (budget <= 1 ms)"
+        )
     extra = by_name.get("test_wait_on_resident_run", {}).get("extra_info", {})
     if "suspended_run_memory_bytes" in extra:
-        derived.append(f"QuickJS memory of an idle suspended run: **{extra['suspended_run_memory_bytes'] / 1024:.0f} KiB**")
+        derived.append(
+            f"QuickJS memory of an idle suspended run: **{extra['suspended_run_memory_bytes'] / 1024:.0f} KiB**"
+        )
     machine = data.get("machine_info", {})
     cpu = machine.get("cpu", {}).get("brand_raw", platform.processor() or "?")
     head = f"`make bench`, {data.get('datetime', '')[:10]}, {cpu}, Python {machine.get('python_version', '?')}:"

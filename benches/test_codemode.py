@@ -110,3 +110,56 @@ def test_wait_replaying_ten_journaled_calls(benchmark, session):
         return ({"runId": waiting["runId"]},), {}
 
     assert benchmark.pedantic(session.wait, setup=suspend_and_evict, rounds=200)["value"] == 90
+
+
+VERBS = ["list", "get", "create", "update", "delete", "search", "sync", "export", "archive", "approve"]
+NOUNS = ["invoice", "shipment", "customer", "ticket", "deployment", "alert", "document", "calendar_event",
+         "payment", "repository", "issue", "message", "file", "user", "report", "order", "lead", "contract",
+         "device", "incident"]  # fmt: skip
+
+
+def _catalog_codemode(size: int) -> CodeMode:
+    cm = CodeMode({"workers": 1})
+    schema = {"type": "object", "properties": {"id": {"type": "string"}, "limit": {"type": "integer"}}}
+
+    def handler(**kwargs: object) -> dict[str, object]:
+        return dict(kwargs)
+
+    for i in range(size):
+        verb, noun = VERBS[i % len(VERBS)], NOUNS[(i // len(VERBS)) % len(NOUNS)]
+        name = f"{verb}_{noun}_{i}"
+        cm.add_tool(handler, name=name, owner=f"plugin{i % 50}", description=f"{verb} {noun} records (#{i}).",
+                    input_schema=schema)  # fmt: skip
+    return cm
+
+
+@pytest.fixture(scope="module", params=[10, 10_000], ids=["10-tools", "10k-tools"])
+def sized(request):
+    with _catalog_codemode(request.param) as cm:
+        s = cm.session("catalog")
+        assert s.exec({"code": "return ALL_TOOLS.length"})["value"] == request.param  # first exec ships the catalog
+        yield s
+
+
+@pytest.mark.benchmark(group="catalog-size")
+def test_exec_trivial_idle_by_catalog_size(benchmark, sized):
+    result = benchmark.pedantic(
+        sized.exec, args=({"code": "return 1 + 1"},), setup=_pause, rounds=300, warmup_rounds=10
+    )
+    assert result["value"] == 2
+
+
+SEARCHES = 200
+SEARCH_CELL = f"""
+const qs = ["unpaid invoice", "delete shipment", "approve payment", "sync calendar event", "export report"];
+let n = 0;
+for (let i = 0; i < {SEARCHES}; i++) n += (await tools.search(qs[i % qs.length], {{limit: 8}})).length;
+return n;
+"""
+
+
+@pytest.mark.benchmark(group="catalog-search")
+def test_exec_with_200_searches_by_catalog_size(benchmark, sized):
+    """Divide (this - trivial exec) by 200 for the cost of one `tools.search` in the guest."""
+    result = benchmark.pedantic(sized.exec, args=({"code": SEARCH_CELL},), setup=_pause, rounds=30, warmup_rounds=2)
+    assert result["status"] == "completed" and result["value"] > 0

@@ -212,8 +212,7 @@ class CodeMode:
 
     def model_visible_tools(self) -> list[str]:
         """``exec``, ``wait`` and the direct-only tools the policy allows."""
-        direct = [t.name for t in self._registry.all() if t.direct_only and self._policy.permits(t.id, t.name)]
-        return [*MODEL_VISIBLE_TOOLS, *direct]
+        return [*MODEL_VISIBLE_TOOLS, *self.catalog().direct]
 
     def exec_description(self, *, max_index_chars: int = 4000) -> str:
         """The model-facing ``exec`` description: how to use the guest API, then a bounded quick
@@ -294,7 +293,7 @@ class CodeMode:
             memory_bytes=step.memory_bytes if step else 0,
             catalog_size=len(view.tools),
             catalog_sources=dict(view.counts),
-            model_visible_tools=self.model_visible_tools(),
+            model_visible_tools=[*MODEL_VISIBLE_TOOLS, *view.direct],
         )
 
     def _invalid(self, started: float, message: str) -> Failed:

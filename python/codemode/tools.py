@@ -143,6 +143,8 @@ class CatalogView(msgspec.Struct, frozen=True):
     fingerprint: str
     #: Tools per source, for telemetry.
     counts: dict[str, int]
+    #: Names of the direct-only tools the policy allows (they stay model-visible).
+    direct: tuple[str, ...]
 
 
 class ToolRegistry:
@@ -192,7 +194,8 @@ class ToolRegistry:
             counts = {"host": 0, "mcp": 0, "client": 0}
             for tool in tools.values():
                 counts[tool.source] += 1
-            view = CatalogView(tools, catalog_json, fingerprint, counts)
+            direct = tuple(t.name for t in self._tools.values() if t.direct_only and policy.permits(t.id, t.name))
+            view = CatalogView(tools, catalog_json, fingerprint, counts, direct)
             if len(self._views) > 32:
                 self._views.clear()
             self._views[policy] = (self.version, view)
