@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
 
 from .session import CodeMode
 
@@ -37,6 +39,16 @@ SHIPMENTS = [
 ]
 
 
+class Invoice(msgspec.Struct, forbid_unknown_fields=True):
+    """An invoice as the billing API returns it: a closed shape, so the catalog can promise it."""
+
+    id: str
+    customerId: str  # noqa: N815 - the wire name
+    amount: float
+    paid: bool
+    dueDays: int  # noqa: N815
+
+
 def register_demo_tools(cm: CodeMode) -> None:
     """Adds the demo's three tools to ``cm``."""
 
@@ -46,10 +58,12 @@ def register_demo_tools(cm: CodeMode) -> None:
         return [c for c in CUSTOMERS if tier is None or c["tier"] == tier]
 
     @cm.tool(owner="billing")
-    async def invoices_list(paid: bool | None = None) -> list[dict[str, Any]]:
-        """List invoices with amount, paid flag and days overdue; filter by paid status."""
+    async def invoices_list(
+        paid: Annotated[bool | None, msgspec.Meta(description="only paid (true) or unpaid (false)")] = None,
+    ) -> list[Invoice]:
+        """List invoices with amount and days overdue."""
         await asyncio.sleep(0.002)  # a remote billing API
-        return [i for i in INVOICES if paid is None or i["paid"] == paid]
+        return [Invoice(**i) for i in INVOICES if paid is None or i["paid"] == paid]
 
     @cm.tool(owner="logistics")
     async def shipments_list(status: str | None = None) -> list[dict[str, Any]]:
@@ -89,10 +103,9 @@ def main() -> int:
     with CodeMode() as cm:
         register_demo_tools(cm)
         session = cm.session("demo")
-        print("catalog:")
-        for tool in cm.tools:
-            print(f"  {tool.id:32} {tool.description}")
-        print("\ncell:\n" + DEMO_CELL)
+        print("what the model sees (the exec tool's description):\n")
+        print(cm.exec_description())
+        print("\nthe cell it writes:\n" + DEMO_CELL)
         result = session.exec({"code": DEMO_CELL})
         print("result:")
         print(json.dumps(result, indent=2))
