@@ -43,10 +43,10 @@ class Invoice(msgspec.Struct, forbid_unknown_fields=True):
     """An invoice as the billing API returns it: a closed shape, so the catalog can promise it."""
 
     id: str
-    customerId: str  # noqa: N815 - the wire name
+    customerId: str
     amount: float
     paid: bool
-    dueDays: int  # noqa: N815
+    dueDays: int
 
 
 def register_demo_tools(cm: CodeMode) -> None:
