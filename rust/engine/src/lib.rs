@@ -10,10 +10,10 @@ pub mod frontend;
 pub mod limits;
 pub mod search;
 
+pub use catalog::Catalog;
 pub use engine::{
     prelude_hash, Engine, EngineError, ErrorCode, Failure, Outcome, Output, OutputKind, Settlement, Status, ToolCall,
     YIELD_TOOL,
 };
-pub use catalog::Catalog;
 pub use frontend::Language;
 pub use limits::Limits;

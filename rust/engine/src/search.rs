@@ -8,14 +8,21 @@
 //! 1. **Exact name/id.** A query equal to an entry's `name` or `id`, compared case-insensitively and
 //!    ignoring `_`, `-` and whitespace (`invoices list`, `InvoicesList`, `host:billing:invoices_list`),
 //!    puts that entry first. Several such entries are ordered by their BM25 score, then by index.
-//! 2. **BM25F** (`k1 = 1.2`, `b = 0.75`) over one weighted pseudo-document per entry: each field's
-//!    term frequency is length-normalised against that field's average length and weighted — name 3,
+//! 2. **BM25F** (`k1 = 1.2`) over one weighted pseudo-document per entry: each field's term
+//!    frequency is length-normalised against that field's average length and weighted — name 3,
 //!    label 2, description 1, fields text 1, id 0.5 (the id mostly repeats the name but carries the
 //!    owner namespace, e.g. `billing`) — then summed and saturated once. Normalisation per field
 //!    keeps a long description from drowning a short name; the single saturation keeps a term repeated
-//!    in name, id and description from counting three times over. idf is `ln(1 + (N - df + 0.5) /
-//!    (df + 0.5))`, always positive. Because everything but the query is fixed, each posting stores
-//!    its final contribution, so a search is additions over a few posting lists.
+//!    in name, id and description from counting three times over. `b` is 0.75 for name, label and
+//!    description but 0.3 for fields and id: a schema with many parameters is not less about its
+//!    tool, and ids barely vary in length. idf is `ln(1 + (N - df + 0.5) / (df + 0.5))`, always
+//!    positive. Everything but the query is fixed, so each posting stores its final contribution
+//!    and a search is additions over a few posting lists.
+//!
+//!    Inflected words are also indexed in their own form (`shipments`), scored with the stem's idf
+//!    and matched at 0.25: among tools that all mention `shipment`, the query `shipments` prefers
+//!    the one that says `shipments` (usually the list tool), without letting a rare form outweigh
+//!    a stem match elsewhere.
 //! 3. **Query expansion**, each extra term weighted below an exact term (a term reached several ways
 //!    keeps its highest weight; expansions never chain):
 //!    - exact query terms: 1.0;
@@ -27,17 +34,36 @@
 //!    - negation, 0.6: `un…`/`non…` (`unpaid`, `nonpaid`, `unread`) also match the positive stem;
 //!      `in…`/`dis…` (`inactive`, `disabled`) only when the whole word is unknown, so `invoice`
 //!      never looks for `voice`. Only the query is expanded, so `active` does not find `inactive`;
-//!    - synonyms, 0.5: a small table of agent-tool vocabulary ([`SYNONYM_GROUPS`]).
-//! 4. Ties break by entry index; results are deterministic for a given catalog and query.
+//!    - synonyms, 0.5: a small table of agent-tool vocabulary (`SYNONYM_GROUPS`: find/search/lookup,
+//!      remove/delete, create/add/new, list/enumerate, fetch/get/retrieve/read, send/post,
+//!      update/edit/modify, email/mail, message/msg, …), applied to exact query words only;
+//!    - surface form, 0.25: see above.
+//! 4. Ties break by entry index; results are deterministic for a given catalog and query (query
+//!    terms are summed in term-id order, never in hash order).
+//!
+//! Only entries with a positive score are returned; an empty or all-stop-word query, or `limit`
+//! 0, returns nothing.
 //!
 //! # Tokens
 //!
 //! [`tokenize`] splits on anything not alphanumeric (`_`, `-`, `.`, `:`, spaces), on camelCase and
-//! acronyms (`getHTTPResponse` → `get http response`, while `listPRs` → `list prs`), and on
-//! letter/digit boundaries: a mixed word is kept whole and its letter runs of 2+ chars are added
-//! (`oauth2` → `oauth2 oauth`; `k8s` stays `k8s`). Tokens are lowercased, cut to 64 chars, stop words
-//! (articles, prepositions, pronouns, question words) dropped — never verbs like list/get/create — and
-//! lightly stemmed by [`stem`]-like rules that only merge forms, never mangle short or Latin words.
+//! acronyms (`getHTTPResponse` → `get http response`, while `listPRs` → `list prs`: a lone trailing
+//! `s` pluralises the acronym), and on letter/digit boundaries: a mixed word is kept whole and its
+//! letter runs of 2+ chars are added (`oauth2` → `oauth2 oauth`; `k8s` stays `k8s`). Tokens are
+//! lowercased, cut to 64 chars, stop words (articles, prepositions, pronouns, question words, `not`)
+//! dropped — never verbs like list/get/create/delete — and lightly stemmed, identically for catalog
+//! and query:
+//!
+//! - plural: `-ies` → `-y`; otherwise a final `s` goes unless the word ends in `ss`/`us`/`is`
+//!   (`status`, `address`, `analysis` stay whole; `shipments` → `shipment`, `weathers` → `weather`);
+//! - `-ied` → `-y`; `-ing`/`-ed` go when 3+ letters with a vowel remain (`string`, `speed` stay),
+//!   undoubling `runn` → `run` but not `add` or `bill`;
+//! - then a final `e` (not `ee`) goes from 4+ letter words, so `update`/`updated`/`updating`/`updates`
+//!   meet at `updat` and `invoice`/`invoices` at `invoic`;
+//! - a short exception list covers words these rules would split wrongly (`alias`, `news`, `apis`,
+//!   `cpus`, `embed`, `used`). There is no `-er` rule: it would merge `customer` with `custom`.
+//!
+//! Stems are index keys, not words: `page` is stored as `pag`.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -54,6 +80,7 @@ pub struct IndexEntry {
 }
 
 const K1: f32 = 1.2;
+/// Per-field BM25 `b`, in field order (name, label, description, fields, id).
 const FIELD_B: [f32; NFIELDS] = [0.75, 0.75, 0.75, 0.3, 0.3];
 
 /// Queries are cut to this many chars before anything else, so a hostile query costs bounded time.
@@ -64,6 +91,9 @@ const MAX_TOKEN_CHARS: usize = 64;
 const MAX_QUERY_TERMS: usize = 256;
 /// Cap on vocabulary terms one unknown query term may expand to by prefix or substring.
 const MAX_FALLBACK_TERMS: usize = 32;
+/// Unknown query words that get fallback expansion; a substring pass scans the whole vocabulary,
+/// so a long query of gibberish must not pay it hundreds of times.
+const MAX_FALLBACK_WORDS: usize = 8;
 
 const NAME: usize = 0;
 const LABEL: usize = 1;
@@ -72,6 +102,7 @@ const FIELDS: usize = 3;
 const ID: usize = 4;
 const NFIELDS: usize = 5;
 const FIELD_WEIGHTS: [f32; NFIELDS] = [3.0, 2.0, 1.0, 1.0, 0.5];
+type FieldTerms = [Vec<u32>; NFIELDS];
 
 const W_EXACT: f32 = 1.0;
 const W_COMPOUND: f32 = 0.8;
@@ -79,11 +110,13 @@ const W_PREFIX: f32 = 0.7;
 const W_NEGATION: f32 = 0.6;
 const W_SYNONYM: f32 = 0.5;
 const W_SUBSTRING: f32 = 0.4;
+const W_SURFACE: f32 = 0.25;
+const SURFACE_MARK: char = '=';
 
 /// Words that mean the same thing to a model choosing a tool. Stemmed when the index is built, so
 /// list plain words. A word may sit in several groups; expansion is one step (no transitive closure).
 /// Keep groups tight: a loose synonym (e.g. user/account) turns a precise query into noise.
-pub const SYNONYM_GROUPS: &[&[&str]] = &[
+const SYNONYM_GROUPS: &[&[&str]] = &[
     &["find", "search", "lookup", "query", "look"],
     &["remove", "delete", "destroy", "erase", "trash"],
     &["create", "add", "new", "make", "insert"],
@@ -148,17 +181,24 @@ impl SearchIndex {
     pub fn new(entries: &[IndexEntry]) -> SearchIndex {
         let mut vocab: HashMap<Box<str>, u32> = HashMap::new();
         let mut terms: Vec<Box<str>> = Vec::new();
-        let mut docs: Vec<[Vec<u32>; NFIELDS]> = Vec::with_capacity(entries.len());
+        // Per entry: stem term ids per field, and surface-form term ids per field.
+        let mut docs: Vec<(FieldTerms, FieldTerms)> = Vec::with_capacity(entries.len());
         let mut totals = [0f64; NFIELDS];
         let mut exact: HashMap<String, Vec<u32>> = HashMap::new();
 
         for (d, e) in entries.iter().enumerate() {
+            // Stems count towards field length; surface forms ride along uncounted.
             let mut fields: [Vec<u32>; NFIELDS] = Default::default();
+            let mut surfaces: [Vec<u32>; NFIELDS] = Default::default();
             let mut add = |field: usize, text: &str| {
-                for tok in tokenize(text) {
-                    let id = intern(&mut vocab, &mut terms, tok);
+                analyze(text, &mut |stemmed, seg| {
+                    if stemmed != seg {
+                        let id = intern(&mut vocab, &mut terms, surface_term(seg));
+                        surfaces[field].push(id);
+                    }
+                    let id = intern(&mut vocab, &mut terms, stemmed);
                     fields[field].push(id);
-                }
+                });
             };
             add(NAME, &e.name);
             if let Some(label) = &e.label {
@@ -172,7 +212,7 @@ impl SearchIndex {
             for (total, toks) in totals.iter_mut().zip(&fields) {
                 *total += toks.len() as f64;
             }
-            docs.push(fields);
+            docs.push((fields, surfaces));
             for key in [normalize_exact(&e.name), normalize_exact(&e.id)] {
                 if key.is_empty() {
                     continue;
@@ -191,14 +231,14 @@ impl SearchIndex {
         // posting list comes out sorted by entry.
         let mut postings: Vec<Vec<(u32, f32)>> = vec![Vec::new(); terms.len()];
         let mut occ: Vec<(u32, f32)> = Vec::new();
-        for (d, fields) in docs.iter().enumerate() {
+        for (d, (fields, surfaces)) in docs.iter().enumerate() {
             occ.clear();
-            for (((toks, weight), avg_len), b) in fields.iter().zip(FIELD_WEIGHTS).zip(avg).zip(FIELD_B) {
-                if toks.is_empty() {
+            for (f, toks) in fields.iter().enumerate() {
+                let (Some(weight), Some(avg_len), Some(b)) = (FIELD_WEIGHTS.get(f), avg.get(f), FIELD_B.get(f)) else {
                     continue;
-                }
+                };
                 let norm = weight / (1.0 - b + b * toks.len() as f32 / avg_len);
-                occ.extend(toks.iter().map(|&t| (t, norm)));
+                occ.extend(toks.iter().chain(surfaces.get(f).into_iter().flatten()).map(|&t| (t, norm)));
             }
             // Stable sort: equal terms keep field order, so the float sums are reproducible.
             occ.sort_by_key(|&(t, _)| t);
@@ -217,8 +257,13 @@ impl SearchIndex {
         let mut post_docs = Vec::with_capacity(total);
         let mut post_scores = Vec::with_capacity(total);
         offsets.push(0);
-        for list in postings {
-            let df = list.len() as f32;
+        // A surface form scores with its stem's (lower) idf: the exact form is a bonus on top of
+        // the stem match, never a rare word of its own (`details` must not outweigh `issue`).
+        let dfs: Vec<usize> = postings.iter().map(Vec::len).collect();
+        for (t, list) in postings.into_iter().enumerate() {
+            let parent =
+                term_text(&terms, t as u32).strip_prefix(SURFACE_MARK).and_then(|seg| vocab.get(stem(seg).as_str()));
+            let df = parent.and_then(|&p| dfs.get(p as usize)).copied().unwrap_or(list.len()) as f32;
             let idf = (1.0 + (n - df + 0.5) / (df + 0.5)).ln();
             for (d, tf) in list {
                 post_docs.push(d);
@@ -278,8 +323,12 @@ impl SearchIndex {
             return out;
         }
 
-        let mut rest: Vec<(u32, f32)> =
-            touched.into_iter().filter(|d| !exact.contains(d)).map(|d| (d, score(d))).filter(|&(_, s)| s > 0.0).collect();
+        let mut rest: Vec<(u32, f32)> = touched
+            .into_iter()
+            .filter(|d| !exact.contains(d))
+            .map(|d| (d, score(d)))
+            .filter(|&(_, s)| s > 0.0)
+            .collect();
         let want = limit - out.len();
         if rest.len() > want {
             rest.select_nth_unstable_by(want, rank_order);
@@ -301,7 +350,9 @@ impl SearchIndex {
     fn postings(&self, t: u32) -> (&[u32], &[f32]) {
         let t = t as usize;
         match (self.offsets.get(t), self.offsets.get(t + 1)) {
-            (Some(&a), Some(&b)) => (self.post_docs.get(a..b).unwrap_or(&[]), self.post_scores.get(a..b).unwrap_or(&[])),
+            (Some(&a), Some(&b)) => {
+                (self.post_docs.get(a..b).unwrap_or(&[]), self.post_scores.get(a..b).unwrap_or(&[]))
+            }
             _ => (&[], &[]),
         }
     }
@@ -323,12 +374,22 @@ impl SearchIndex {
             }
         };
 
+        let mut fallbacks = 0;
         for seg in segs.iter().filter(|s| !is_stop_word(s)) {
             let term = stem(seg);
             let known = self.term_id(&term);
             match known {
                 Some(t) => put(t, W_EXACT),
-                None => self.fallback(&term, seg, &mut put),
+                None if fallbacks < MAX_FALLBACK_WORDS => {
+                    fallbacks += 1;
+                    self.fallback(&term, seg, &mut put);
+                }
+                None => {}
+            }
+            if term != *seg {
+                if let Some(t) = self.term_id(&surface_term(seg)) {
+                    put(t, W_SURFACE);
+                }
             }
             for (prefix, always) in [("non", true), ("un", true), ("dis", false), ("in", false)] {
                 if known.is_some() && !always {
@@ -393,7 +454,11 @@ impl SearchIndex {
         if found || term.chars().count() < 3 {
             return;
         }
-        for &t in self.sorted.iter().filter(|&&t| self.text(t).contains(term)).take(MAX_FALLBACK_TERMS) {
+        let substring = |t: &u32| {
+            let text = self.text(*t);
+            !text.starts_with(SURFACE_MARK) && text.contains(term)
+        };
+        for &t in self.sorted.iter().filter(|t| substring(t)).take(MAX_FALLBACK_TERMS) {
             put(t, W_SUBSTRING);
         }
     }
@@ -404,7 +469,8 @@ impl SearchIndex {
         if word.len() < 5 || !word.bytes().all(|b| b.is_ascii_lowercase()) {
             return None;
         }
-        let mut best: Option<((bool, usize), (Option<u32>, Option<u32>))> = None;
+        type Split = (Option<u32>, Option<u32>);
+        let mut best: Option<((bool, usize), Split)> = None;
         for i in 2..=word.len() - 2 {
             let (left, right) = (word.get(..i)?, word.get(i..)?);
             let (l, r) = (self.term_id(&stem(left)), self.term_id(&stem(right)));
@@ -476,12 +542,23 @@ fn normalize_exact(s: &str) -> String {
 /// Lowercased, stop-word-free, stemmed terms of `text`, as indexed and as searched.
 pub fn tokenize(text: &str) -> Vec<String> {
     let mut out = Vec::new();
+    analyze(text, &mut |stemmed, _| out.push(stemmed));
+    out
+}
+
+/// Calls `f(stem, segment)` for each non-stop-word segment of `text`.
+fn analyze(text: &str, f: &mut dyn FnMut(String, &str)) {
     for_each_segment(text, &mut |seg| {
         if !is_stop_word(seg) {
-            out.push(stem(seg));
+            f(stem(seg), seg);
         }
     });
-    out
+}
+
+/// Vocabulary key of an inflected word's own form. `=` never occurs in a token, so these keys
+/// cannot collide with stems or be reached by prefix/substring fallback of a query word.
+fn surface_term(seg: &str) -> String {
+    format!("{SURFACE_MARK}{seg}")
 }
 
 /// Calls `f` with each lowercased, length-capped word piece of `text`, stop words included.
@@ -549,8 +626,9 @@ fn emit_part(part: &[char], buf: &mut String, f: &mut dyn FnMut(&str)) {
     }
 }
 
-/// Words that carry no tool-choosing signal. Deliberately excludes verbs (list, get, create, delete,
-/// show, find), `new`, `up`/`down` (scale up) and `not` handling is left to BM25 (it is dropped here).
+/// Words that carry no tool-choosing signal. Deliberately keeps verbs (list, get, create, delete,
+/// show, find), `new` and `up`/`down` (`scale up`, `look up`). `not` is dropped: BM25 cannot negate,
+/// and `not paid` still finds tools mentioning `paid`.
 fn is_stop_word(w: &str) -> bool {
     matches!(
         w,
@@ -731,13 +809,12 @@ mod tests {
 
     fn small() -> Vec<IndexEntry> {
         vec![
-            entry("host:billing:invoices_list", "invoices_list", "List invoices for an account.", &[
-                "account_id",
-                "status",
-                "amount",
-                "paid",
-                "due_date",
-            ]),
+            entry(
+                "host:billing:invoices_list",
+                "invoices_list",
+                "List invoices for an account.",
+                &["account_id", "status", "amount", "paid", "due_date"],
+            ),
             entry("host:billing:invoice_create", "invoice_create", "Create a draft invoice.", &["customer_id"]),
             entry("host:logistics:shipments_list", "shipments_list", "List shipments.", &["status"]),
             entry("host:weather:weather_current", "weather_current", "Current weather for a city.", &["city"]),
@@ -815,7 +892,8 @@ mod tests {
     fn exact_name_or_id_ranks_first() {
         let e = small();
         let idx = SearchIndex::new(&e);
-        for q in ["invoice_create", "Invoice-Create", "invoice create", "host:billing:invoice_create", "InvoiceCreate"] {
+        for q in ["invoice_create", "Invoice-Create", "invoice create", "host:billing:invoice_create", "InvoiceCreate"]
+        {
             assert_eq!(idx.search(q, 3).first(), Some(&1), "{q}");
         }
     }
@@ -866,29 +944,5 @@ mod tests {
         let idx = SearchIndex::new(&e);
         assert_eq!(idx.search("same words", 10), [0, 1, 2, 3, 4]);
         assert_eq!(idx.search("same words", 2), [0, 1]);
-    }
-}
-#[cfg(test)]
-mod debug_tmp {
-    use super::*;
-    #[test]
-    fn explain() {
-        let json = include_str!("../../../tests/fixtures/catalog_200.json");
-        let v: serde_json::Value = serde_json::from_str(json).unwrap_or_default();
-        let entries: Vec<IndexEntry> = v.as_array().into_iter().flatten().map(|e| IndexEntry {
-            id: e["id"].as_str().unwrap_or("").into(), name: e["name"].as_str().unwrap_or("").into(),
-            label: e.get("label").and_then(|l| l.as_str()).map(Into::into),
-            description: e["description"].as_str().unwrap_or("").into(),
-            fields: e["fields"].as_array().into_iter().flatten().filter_map(|f| f.as_str()).map(Into::into).collect()}).collect();
-        let idx = SearchIndex::new(&entries);
-        let q = std::env::var("Q").unwrap_or_default();
-        let w = idx.expand(&q);
-        for (t, wt) in &w { println!("term {} w {}", idx.text(*t), wt); }
-        for d in idx.search(&q, 6) {
-            let mut parts = vec![];
-            let mut total = 0.0;
-            for (t, wt) in &w { let (docs, sc) = idx.postings(*t); for (dd, s) in docs.iter().zip(sc) { if *dd as usize == d { parts.push(format!("{}={:.2}", idx.text(*t), wt * s)); total += wt*s; } } }
-            println!("{:<40} {:.2} {}", entries[d].id, total, parts.join(" "));
-        }
     }
 }

@@ -86,7 +86,8 @@ fn tool_error_is_a_catchable_plain_error() {
         "try { await tools.callValue('t:x', {}) } catch (err) { return [err instanceof Error, err.message] }",
         Language::JavaScript,
         2000.0,
-        1, "[]",
+        1,
+        "[]",
     );
     let id = out.calls[0].id;
     let done = e.settle(vec![Settlement { id, ok: false, payload: "tool t:x failed: nope".into() }], 2000.0);
@@ -101,7 +102,8 @@ fn too_many_pending_calls_reject() {
         "const ps = [1,2,3].map(i => tools.callValue('t', {i}).catch(e => e.message)); return 0",
         Language::JavaScript,
         2000.0,
-        1, "[]",
+        1,
+        "[]",
     );
     assert_eq!(out.calls.len(), 2);
 }
@@ -152,7 +154,8 @@ fn output_flood_is_cut() {
             "try { while (true) text('xxxxxxxx') } catch (e) { return 'swallowed' }",
             Language::JavaScript,
             2000.0,
-            1, "[]",
+            1,
+            "[]",
         )
         .status;
     assert_eq!(failure_code(&status), Some(ErrorCode::OutputLimitExceeded));
@@ -162,8 +165,13 @@ fn output_flood_is_cut() {
 
 #[test]
 fn outputs_keep_call_order() {
-    let out =
-        engine().start("text('a'); json({b: 1}); console.warn('c', 2); return null", Language::JavaScript, 2000.0, 1, "[]");
+    let out = engine().start(
+        "text('a'); json({b: 1}); console.warn('c', 2); return null",
+        Language::JavaScript,
+        2000.0,
+        1,
+        "[]",
+    );
     let kinds: Vec<_> = out.outputs.iter().map(|o| (o.kind, o.text.as_str())).collect();
     assert_eq!(kinds, vec![(OutputKind::Text, "a"), (OutputKind::Json, r#"{"b":1}"#), (OutputKind::Warn, "c 2")]);
 }
@@ -211,8 +219,13 @@ fn random_is_seeded_and_clock_replays() {
     assert_ne!(a, c);
     let mut e = engine();
     e.replay_clock(&[1000.0, 2000.0]);
-    let out =
-        e.start("return [Date.now(), new Date().getTime(), new Date(5).getTime()]", Language::JavaScript, 2000.0, 1, "[]");
+    let out = e.start(
+        "return [Date.now(), new Date().getTime(), new Date(5).getTime()]",
+        Language::JavaScript,
+        2000.0,
+        1,
+        "[]",
+    );
     assert_eq!(out.status, Status::Completed("[1000,2000,5]".into()));
     assert_eq!(out.clock_reads, vec![1000.0, 2000.0]);
 }
@@ -224,7 +237,8 @@ fn typescript_cells_run() {
             "interface P { x: number }\nconst p: P = { x: 41 };\nreturn (p.x as number) + 1;",
             Language::TypeScript,
             2000.0,
-            1, "[]",
+            1,
+            "[]",
         )
         .status;
     assert_eq!(status, Status::Completed("42".into()));
