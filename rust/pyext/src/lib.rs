@@ -60,7 +60,7 @@ impl Catalog {
     fn new(entries_json: &str) -> PyResult<Self> {
         InnerCatalog::from_json(entries_json)
             .map(|c| Catalog { inner: Arc::new(c) })
-            .map_err(|e| PyValueError::new_err(e))
+            .map_err(PyValueError::new_err)
     }
 
     fn __len__(&self) -> usize {
