@@ -63,7 +63,7 @@ def register_demo_tools(cm: CodeMode) -> None:
     ) -> list[Invoice]:
         """List invoices with amount and days overdue."""
         await asyncio.sleep(0.002)  # a remote billing API
-        return [Invoice(**i) for i in INVOICES if paid is None or i["paid"] == paid]
+        return [msgspec.convert(i, Invoice) for i in INVOICES if paid is None or i["paid"] == paid]
 
     @cm.tool(owner="logistics")
     async def shipments_list(status: str | None = None) -> list[dict[str, Any]]:

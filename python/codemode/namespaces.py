@@ -182,8 +182,10 @@ class Namespaces:
             markers: dict[str, NamespaceTool] = {}
             try:
                 scope = _serialize(reg.create_scope(ctx), "", reg.required_tool_names, markers, [])
-            except ToolDefinitionError:
-                continue  # a scope that breaks the rules at run time is hidden, never half-installed
+            except Exception:
+                # A scope that fails or breaks the rules at run time is hidden for this run, never
+                # half-installed, and never takes the other cells of the CodeMode down with it.
+                continue
             owned = {t.name: t.id for t in tools.values() if t.owner == item.plugin_id and t.source == "host"}
             for path, marker in markers.items():
                 table[(reg.id, path)] = (owned[marker.tool_name], marker.input_mapper)

@@ -117,8 +117,9 @@ class Run:
     def pending_calls(self) -> list[dict[str, Any]]:
         """The spec's ``pendingToolCalls``: calls made and not yet settled, oldest first."""
         settled = self.journal.settled_ids()
+        resolved = self.dispatcher.resolved
         return [
-            {"id": f"call_{c.id}", "toolId": c.tool}
+            {"id": f"call_{c.id}", "toolId": resolved.get(c.id, c.tool)}
             for c in self.journal.calls
             if c.id not in settled and c.id not in self.yields
         ]

@@ -320,7 +320,7 @@ class CodeMode:
             return self._invalid(started, "exec `restartSafe` must be a boolean.")
         return code, language, restart_safe
 
-    def _exec(self, session_id: str, args: Any, loop: Callable[[], asyncio.AbstractEventLoop]) -> Result:
+    def _exec(self, session: Session, args: Any, loop: Callable[[], asyncio.AbstractEventLoop]) -> Result:
         started = time.perf_counter()
         if self._closed:
             raise ClosedError("this CodeMode is closed")
@@ -329,6 +329,7 @@ class CodeMode:
         if isinstance(checked, Failed):
             return checked
         code, language, restart_safe = checked
+        session_id, scope = session.session_id, session.scope
         configure, view = self._configuration()
         namespaces_json, namespace_calls = self._namespaces.build(view.tools, session_id)
         journal = Journal(
@@ -341,7 +342,7 @@ class CodeMode:
             seed=random.getrandbits(63),
             namespaces_json=namespaces_json,
             restart_safe=restart_safe,
-            session_id=session_id,
+            session_id=scope,
         )
         dispatcher = Dispatcher(
             view,
@@ -351,12 +352,12 @@ class CodeMode:
             read_only=restart_safe,
             namespace_calls=namespace_calls,
         )
-        run = Run(session_id, journal, dispatcher)
+        run = Run(scope, journal, dispatcher)
         dispatcher.parent = f"exec_{next(self._call_ids)}"
         step = self._supervisor.start(run, configure, self.config.timeout_ms)
         return self._finish(run, step, started, "exec")
 
-    def _wait(self, session_id: str, args: Any) -> Result:
+    def _wait(self, session: Session, args: Any) -> Result:
         started = time.perf_counter()
         if self._closed:
             raise ClosedError("this CodeMode is closed")
@@ -365,7 +366,7 @@ class CodeMode:
         if not isinstance(run_id, str) or not run_id:
             return self._invalid(started, "wait requires a `runId` string.")
         try:
-            run = self._runs.claim(run_id, session_id)
+            run = self._runs.claim(run_id, session.scope)
         except RunLookupError as e:
             return self._invalid(started, str(e))
         configure, view = self._configuration()
@@ -388,7 +389,7 @@ class CodeMode:
             TraceEvent(
                 kind=kind,
                 id=run.dispatcher.parent,
-                session_id=run.session_id,
+                session_id=run.dispatcher.session_id,
                 at=Trace.now(),
                 duration_ms=telemetry.duration_ms,
                 status="waiting" if isinstance(result, Waiting) else result.__struct_config__.tag,  # type: ignore[arg-type]
@@ -515,15 +516,16 @@ class Session:
         self.codemode = codemode
         self.session_id = session_id
         self.agent_run = agent_run
-        self._scope = session_id if agent_run is None else f"{session_id}\x00{agent_run}"
+        #: Suspended runs belong to this key: the session and, if given, the agent run.
+        self.scope = session_id if agent_run is None else f"{session_id}\x00{agent_run}"
 
     def exec(self, args: dict[str, Any]) -> dict[str, Any]:
         """Runs one cell; returns the spec's JSON result (``completed``, ``waiting``, ``failed``)."""
-        return self.codemode._exec(self._scope, args, self.codemode._loop.get).to_dict()
+        return self.codemode._exec(self, args, self.codemode._loop.get).to_dict()
 
     def wait(self, args: dict[str, Any]) -> dict[str, Any]:
         """Resumes a ``waiting`` run (``{"runId": ...}``); the same result union as ``exec``."""
-        return self.codemode._wait(self._scope, args).to_dict()
+        return self.codemode._wait(self, args).to_dict()
 
     def run(
         self,
@@ -534,31 +536,31 @@ class Session:
     ) -> Result:
         """Typed ``exec``: a ``Completed``, ``Waiting`` or ``Failed`` struct."""
         args = {"code": code, "language": language, "restartSafe": restart_safe}
-        return self.codemode._exec(self._scope, args, self.codemode._loop.get)
+        return self.codemode._exec(self, args, self.codemode._loop.get)
 
     def resume(self, run_id: str) -> Result:
         """Typed ``wait``."""
-        return self.codemode._wait(self._scope, {"runId": run_id})
+        return self.codemode._wait(self, {"runId": run_id})
 
     def cancel(self, run_id: str) -> bool:
         """Aborts one of this session's suspended runs and cancels its tool tasks."""
-        return self.codemode.cancel(self._scope, run_id)
+        return self.codemode.cancel(self.scope, run_id)
 
     def close(self) -> None:
         """Aborts every suspended run of this session."""
-        for run in self.codemode._runs.of_session(self._scope):
-            self.codemode.cancel(self._scope, run.run_id)
+        for run in self.codemode._runs.of_session(self.scope):
+            self.codemode.cancel(self.scope, run.run_id)
 
     async def exec_async(self, args: dict[str, Any]) -> dict[str, Any]:
         """``exec`` without blocking the event loop; async tools run on this loop."""
         loop = asyncio.get_running_loop()
-        result = await asyncio.to_thread(self.codemode._exec, self._scope, args, lambda: loop)
+        result = await asyncio.to_thread(self.codemode._exec, self, args, lambda: loop)
         return result.to_dict()
 
     async def wait_async(self, args: dict[str, Any]) -> dict[str, Any]:
-        return (await asyncio.to_thread(self.codemode._wait, self._scope, args)).to_dict()
+        return (await asyncio.to_thread(self.codemode._wait, self, args)).to_dict()
 
     async def run_async(self, code: str, *, language: Literal["javascript", "typescript"] = "javascript") -> Result:
         loop = asyncio.get_running_loop()
         args = {"code": code, "language": language}
-        return await asyncio.to_thread(self.codemode._exec, self._scope, args, lambda: loop)
+        return await asyncio.to_thread(self.codemode._exec, self, args, lambda: loop)

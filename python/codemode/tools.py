@@ -106,13 +106,17 @@ def define_tool(
         raise ToolDefinitionError(f"invalid tool owner {owner!r}")
     if source not in ("host", "client", "mcp"):
         raise ToolDefinitionError(f"invalid tool source {source!r}")
-    if name in CONTROL_TOOLS and source == "host" and owner == "core":
+    if name in CONTROL_TOOLS and (direct_only or (source == "host" and owner == "core")):
+        # The model sees exactly one `exec` and one `wait` and no tool-search controls, and the
+        # core names are the control tools themselves. A plugin's shell `exec` is catalogued.
         raise ToolDefinitionError(f"{name!r} is a code mode control tool name")
-    if input_schema is None and output_schema is None:
+    if input_schema is None or output_schema is None:
         try:
-            input_schema, output_schema = catalog.schemas_from_function(fn)
+            derived_input, derived_output = catalog.schemas_from_function(fn)
         except (TypeError, ValueError, NameError) as e:
             raise ToolDefinitionError(f"tool {name}: cannot derive schemas from its signature: {e}") from None
+        input_schema = derived_input if input_schema is None else input_schema
+        output_schema = derived_output if output_schema is None else output_schema
     trusted = source == "host"
     doc = description if description is not None else inspect.getdoc(fn) or ""
     return Tool(
@@ -147,6 +151,13 @@ class CatalogView(msgspec.Struct, frozen=True):
     direct: tuple[str, ...]
 
 
+_SOURCE_RANK = {"host": 0, "mcp": 1, "client": 2}
+
+
+def _catalog_order(tool: Tool) -> tuple[int, bool, str]:
+    return (_SOURCE_RANK[tool.source], tool.owner != "core", tool.id)
+
+
 class ToolRegistry:
     """The host's tools, keyed by catalog id; catalog views are cached per (version, policy)."""
 
@@ -179,16 +190,14 @@ class ToolRegistry:
             return [self._tools[k] for k in sorted(self._tools)]
 
     def view(self, policy: Policy) -> CatalogView:
-        """The run catalog under ``policy``, sorted by id so equal sets give equal bytes."""
+        """The run catalog under ``policy``, in the spec's order (core host tools, plugin tools,
+        MCP, client) and by id within each, so equal sets give equal bytes."""
         with self._lock:
             cached = self._views.get(policy)
             if cached is not None and cached[0] == self.version:
                 return cached[1]
-            tools = {
-                tool_id: tool
-                for tool_id, tool in sorted(self._tools.items())
-                if not tool.direct_only and policy.permits(tool_id, tool.name)
-            }
+            ordered = sorted(self._tools.values(), key=_catalog_order)
+            tools = {t.id: t for t in ordered if not t.direct_only and policy.permits(t.id, t.name)}
             catalog_json = _encode([t.entry() for t in tools.values()]).decode()
             fingerprint = hashlib.blake2b(catalog_json.encode(), digest_size=16).hexdigest()
             counts = {"host": 0, "mcp": 0, "client": 0}
@@ -278,11 +287,13 @@ class Dispatcher:
         self._namespace_calls = namespace_calls or {}
         self._loop = loop
         self._gate = gate or Gate()
-        self._session_id = session_id
+        self.session_id = session_id
         #: Restart-safe runs may only call read-only tools (they may be redone after a restart).
         self._read_only = read_only
         #: The exec/wait call the next calls belong to (for hooks and the trace).
         self.parent = ""
+        #: Namespace calls arrive under a marker id; this maps their call ids to the real tool.
+        self.resolved: dict[int, str] = {}
         self._ready: list[tuple[int, bool, str]] = []
         self._lock = threading.Lock()
         self._futures: dict[int, concurrent.futures.Future[Any]] = {}
@@ -321,6 +332,7 @@ class Dispatcher:
                 except Exception as e:
                     self._ready.append((call_id, False, _error_message("namespace", e)))
                     continue
+                self.resolved[call_id] = tool_id
                 input_json = _encode(mapped).decode()
             tool = self.view.tools.get(tool_id)
             if tool is None or tool.source == "mcp":
@@ -348,7 +360,7 @@ class Dispatcher:
             source=tool.source,
             owner=tool.owner,
             input=args,
-            session_id=self._session_id,
+            session_id=self.session_id,
             parent=self.parent,
         )
 
@@ -390,7 +402,7 @@ class Dispatcher:
             result = self._finish(call_id, tool, tool.fn(*positional, **keywords))
         except Exception as e:
             result = (call_id, False, _error_message(tool.id, e))
-        self._record(tool, started, result[1])
+        self._record(call_id, tool, started, result[1])
         return result
 
     def _finish(self, call_id: int, tool: Tool, value: Any) -> tuple[int, bool, str]:
@@ -405,14 +417,14 @@ class Dispatcher:
                 return (call_id, False, f"tool {tool.id} returned a value that breaks its output contract: {problem}")
         return (call_id, True, payload.decode())
 
-    def _record(self, tool: Tool, started: float, ok: bool) -> None:
+    def _record(self, call_id: int, tool: Tool, started: float, ok: bool) -> None:
         trace = self._gate.trace
         if trace is not None:
             trace.add(
                 TraceEvent(
                     kind="tool_call",
-                    id=f"{self.parent}/{tool.id}",
-                    session_id=self._session_id,
+                    id=f"{self.parent}/call_{call_id}",
+                    session_id=self.session_id,
                     at=Trace.now(),
                     duration_ms=(time.perf_counter() - started) * 1000.0,
                     parent=self.parent,
@@ -448,7 +460,7 @@ class Dispatcher:
             return
         exc = future.exception()
         result = (call_id, False, _error_message(tool.id, exc)) if exc else future.result()
-        self._record(tool, started, result[1])
+        self._record(call_id, tool, started, result[1])
         with self._lock:
             if self._futures.pop(call_id, None) is None:
                 return
