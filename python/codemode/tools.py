@@ -19,13 +19,14 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
 
 from . import catalog
 from .errors import ToolDefinitionError
+from .mcp_api import declarations, mcp_names, tool_declaration
 from .namespaces import CallTable
 from .policy import Approver, Block, Hook, Policy, Rewrite, ToolCallEvent, Trace, TraceEvent
 
@@ -35,8 +36,12 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
 _OWNER = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 #: Names the catalog never holds: the model-facing control tools themselves.
 CONTROL_TOOLS = frozenset({"exec", "wait", "tool_search_code", "tool_search", "tool_describe", "tool_call"})
-#: The tool id a namespace function call arrives under (see prelude.js).
+#: The tool ids namespace and ``MCP.*`` calls arrive under (see prelude.js).
 NAMESPACE_TOOL = "\x00ns"
+MCP_TOOL = "\x00mcp"
+#: ``MCP.<server>.resources/prompts`` requests.
+MCP_OPS = frozenset({"resources.list", "resources.read", "prompts.list", "prompts.get"})
+McpOps = Callable[[str, str, Any], Awaitable[Any]]
 _encode = msgspec.json.encode
 _decode = msgspec.json.decode
 
@@ -198,7 +203,17 @@ class ToolRegistry:
                 return cached[1]
             ordered = sorted(self._tools.values(), key=_catalog_order)
             tools = {t.id: t for t in ordered if not t.direct_only and policy.permits(t.id, t.name)}
-            catalog_json = _encode([t.entry() for t in tools.values()]).decode()
+            mcp = [t for t in tools.values() if t.source == "mcp"]
+            names = mcp_names(mcp)
+            entries = []
+            for tool in tools.values():
+                entry = tool.entry()
+                if tool.source == "mcp":
+                    entry["ident"] = names.tools[tool.id]
+                    entry["serverIdent"] = names.servers[tool.owner]
+                    entry["declaration"] = tool_declaration(tool, names.tools[tool.id])
+                entries.append(entry)
+            catalog_json = _encode({"tools": entries, "api": declarations(mcp, names) if mcp else {}}).decode()
             fingerprint = hashlib.blake2b(catalog_json.encode(), digest_size=16).hexdigest()
             counts = {"host": 0, "mcp": 0, "client": 0}
             for tool in tools.values():
@@ -282,9 +297,12 @@ class Dispatcher:
         gate: Gate | None = None,
         read_only: bool = False,
         namespace_calls: CallTable | None = None,
+        mcp_ops: McpOps | None = None,
     ) -> None:
         self.view = view
         self._namespace_calls = namespace_calls or {}
+        #: Resource and prompt requests of `MCP.<server>.resources/prompts` (no catalog tool).
+        self._mcp_ops = mcp_ops
         self._loop = loop
         self._gate = gate or Gate()
         self.session_id = session_id
@@ -323,9 +341,35 @@ class Dispatcher:
             return tool_id, mapper(list(args))
         return tool_id, args[0] if args else {}
 
+    def _mcp_request(self, call_id: int, input_json: str) -> tuple[str, str] | None:
+        """An ``MCP.*`` call: a tool call returns ``(tool id, input JSON)``; a resource or prompt
+        request is started here and returns None."""
+        try:
+            request = _decode(input_json)
+            if "id" in request:
+                return str(request["id"]), _encode(request.get("input", {})).decode()
+            server, op, payload = str(request["server"]), str(request["op"]), request.get("input", {})
+        except (msgspec.DecodeError, KeyError, TypeError, AttributeError):
+            self._ready.append((call_id, False, "malformed MCP call"))
+            return None
+        servers = {t.owner for t in self.view.tools.values() if t.source == "mcp"}
+        if self._mcp_ops is None or server not in servers or op not in MCP_OPS:
+            self._ready.append((call_id, False, f"unknown MCP request {server}.{op}"))
+            return None
+        ops = self._mcp_ops
+        self._start_coroutine(call_id, f"mcp:{server}:{op}", lambda: ops(server, op, payload))
+        return None
+
     def submit(self, calls: list[tuple[int, str, str]]) -> None:
         gate_async = self._gate.is_async
         for call_id, tool_id, input_json in calls:
+            via_mcp = tool_id == MCP_TOOL
+            if via_mcp:
+                target = self._mcp_request(call_id, input_json)
+                if target is None:
+                    continue
+                tool_id, input_json = target
+                self.resolved[call_id] = tool_id
             if tool_id == NAMESPACE_TOOL:
                 try:
                     tool_id, mapped = self._namespace_target(input_json)
@@ -335,7 +379,7 @@ class Dispatcher:
                 self.resolved[call_id] = tool_id
                 input_json = _encode(mapped).decode()
             tool = self.view.tools.get(tool_id)
-            if tool is None or tool.source == "mcp":
+            if tool is None or (tool.source == "mcp") != via_mcp:
                 # Hidden, denied and absent tools answer alike: a guessed id learns nothing.
                 self._ready.append((call_id, False, f"unknown tool: {tool_id}"))
                 continue
@@ -402,7 +446,7 @@ class Dispatcher:
             result = self._finish(call_id, tool, tool.fn(*positional, **keywords))
         except Exception as e:
             result = (call_id, False, _error_message(tool.id, e))
-        self._record(call_id, tool, started, result[1])
+        self._record(call_id, tool.id, started, result[1])
         return result
 
     def _finish(self, call_id: int, tool: Tool, value: Any) -> tuple[int, bool, str]:
@@ -417,7 +461,7 @@ class Dispatcher:
                 return (call_id, False, f"tool {tool.id} returned a value that breaks its output contract: {problem}")
         return (call_id, True, payload.decode())
 
-    def _record(self, call_id: int, tool: Tool, started: float, ok: bool) -> None:
+    def _record(self, call_id: int, tool_id: str, started: float, ok: bool) -> None:
         trace = self._gate.trace
         if trace is not None:
             trace.add(
@@ -428,39 +472,55 @@ class Dispatcher:
                     at=Trace.now(),
                     duration_ms=(time.perf_counter() - started) * 1000.0,
                     parent=self.parent,
-                    tool_id=tool.id,
+                    tool_id=tool_id,
                     status="ok" if ok else "error",
                 )
             )
 
     def _start_async(self, call_id: int, tool: Tool, args: Any) -> None:
-        started = time.perf_counter()
+        async def call() -> tuple[int, bool, str]:
+            gated = await self._gate_async(tool, args)
+            positional, keywords = _args(gated)
+            value = tool.fn(*positional, **keywords)
+            if inspect.isawaitable(value):
+                value = await value
+            return self._finish(call_id, tool, value)
 
+        self._start(call_id, tool.id, call)
+
+    def _start_coroutine(self, call_id: int, label: str, make: Callable[[], Awaitable[Any]]) -> None:
         async def call() -> tuple[int, bool, str]:
             try:
-                gated = await self._gate_async(tool, args)
-                positional, keywords = _args(gated)
-                value = tool.fn(*positional, **keywords)
-                if inspect.isawaitable(value):
-                    value = await value
-                return self._finish(call_id, tool, value)
+                payload = _encode(await make())
+            except (TypeError, ValueError, msgspec.EncodeError) as e:
+                return (call_id, False, f"{label} returned a value that is not JSON: {e}")
+            return (call_id, True, payload.decode())
+
+        self._start(call_id, label, call)
+
+    def _start(self, call_id: int, label: str, call: Callable[[], Awaitable[tuple[int, bool, str]]]) -> None:
+        started = time.perf_counter()
+
+        async def guarded() -> tuple[int, bool, str]:
+            try:
+                return await call()
             except Exception as e:
-                return (call_id, False, _error_message(tool.id, e))
+                return (call_id, False, _error_message(label, e))
 
         _ = self.wake_fd  # created here, on the driving thread, before any callback can need it
-        future = asyncio.run_coroutine_threadsafe(call(), self._loop())
+        future = asyncio.run_coroutine_threadsafe(guarded(), self._loop())
         with self._lock:
             self._futures[call_id] = future
-        future.add_done_callback(lambda f: self._finished(call_id, tool, started, f))
+        future.add_done_callback(lambda f: self._finished(call_id, label, started, f))
 
     def _finished(
-        self, call_id: int, tool: Tool, started: float, future: concurrent.futures.Future[tuple[int, bool, str]]
+        self, call_id: int, label: str, started: float, future: concurrent.futures.Future[tuple[int, bool, str]]
     ) -> None:
         if future.cancelled():
             return
         exc = future.exception()
-        result = (call_id, False, _error_message(tool.id, exc)) if exc else future.result()
-        self._record(call_id, tool, started, result[1])
+        result = (call_id, False, _error_message(label, exc)) if exc else future.result()
+        self._record(call_id, label, started, result[1])
         with self._lock:
             if self._futures.pop(call_id, None) is None:
                 return

@@ -8,7 +8,7 @@
 //! MCP entries are kept (their ids resolve) but never appear in `ALL_TOOLS`, `tools.search`,
 //! `tools.describe` or `tools.<name>`: in code mode they are reached only through `MCP.*`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde_json::{Map, Value};
 
@@ -22,6 +22,8 @@ const RESERVED: [&str; 4] = ["search", "describe", "call", "callValue"];
 struct Entry {
     id: String,
     mcp: bool,
+    /// MCP only: `(server identifier, declaration, input schema JSON)` for `$api`.
+    mcp_api: Option<(String, String, Option<String>)>,
     /// `{id, name, label?, description, source, sourceName?, input, output?}`
     compact: String,
     /// The compact entry plus `parameters` and `outputSchema` (for `tools.describe`).
@@ -42,6 +44,12 @@ pub struct Catalog {
     all_json: String,
     /// The safe names, sorted, as a JSON array (for `Object.keys(tools)`).
     safe_names_json: String,
+    /// `{serverIdent: {server, tools: {ident: id}}}` for the guest's `MCP` object.
+    mcp_json: String,
+    /// Virtual `API` files (`mcp/index.d.ts`, `mcp/<server>.d.ts`), path -> text.
+    api: BTreeMap<String, String>,
+    /// server identifier -> (server name, file path)
+    mcp_servers: HashMap<String, (String, String)>,
 }
 
 /// A JavaScript-identifier form of a tool name: other characters become `_`.
@@ -61,15 +69,29 @@ fn text(object: &Map<String, Value>, key: &str) -> Option<String> {
 impl Catalog {
     /// An empty catalog (a host without tools).
     pub fn empty() -> Catalog {
-        Catalog::from_entries(Vec::new())
+        Catalog::from_entries(Vec::new(), BTreeMap::new())
     }
 
-    /// Parses the host's catalog: a JSON array of `{id, name, description, source, input,
-    /// label?, sourceName?, output?, parameters?, outputSchema?, fields?}` objects.
+    /// Parses the host's catalog: `{"tools": [...], "api": {path: text}}` (or just the tools
+    /// array). A tool is `{id, name, description, source, input, label?, sourceName?, output?,
+    /// parameters?, outputSchema?, fields?}`; MCP tools add `ident`, `serverIdent`, `declaration`.
     pub fn from_json(json: &str) -> Result<Catalog, String> {
         let value: Value = serde_json::from_str(json).map_err(|e| format!("catalog is not valid JSON: {e}"))?;
-        let Value::Array(items) = value else {
-            return Err("catalog must be a JSON array".into());
+        let (items, api) = match value {
+            Value::Array(items) => (items, Map::new()),
+            Value::Object(mut object) => {
+                let items = match object.remove("tools") {
+                    Some(Value::Array(items)) => items,
+                    _ => return Err("catalog.tools must be a JSON array".into()),
+                };
+                let api = match object.remove("api") {
+                    Some(Value::Object(api)) => api,
+                    None => Map::new(),
+                    _ => return Err("catalog.api must be an object".into()),
+                };
+                (items, api)
+            }
+            _ => return Err("catalog must be a JSON array or object".into()),
         };
         let mut entries = Vec::with_capacity(items.len());
         for (i, item) in items.into_iter().enumerate() {
@@ -78,10 +100,13 @@ impl Catalog {
             };
             entries.push(object);
         }
-        Ok(Catalog::from_entries(entries))
+        let api = api.into_iter().filter_map(|(k, v)| v.as_str().map(|text| (k, text.to_owned()))).collect();
+        Ok(Catalog::from_entries(entries, api))
     }
 
-    fn from_entries(objects: Vec<Map<String, Value>>) -> Catalog {
+    fn from_entries(objects: Vec<Map<String, Value>>, api: BTreeMap<String, String>) -> Catalog {
+        let mut mcp_view = Map::new();
+        let mut mcp_servers = HashMap::new();
         let mut entries = Vec::with_capacity(objects.len());
         let mut index_entries = Vec::new();
         let mut indexed = Vec::new();
@@ -121,10 +146,29 @@ impl Catalog {
                 counted.0 += 1;
                 by_name.entry(name.clone()).or_insert(position);
             }
+            let mut mcp_api = None;
+            if mcp {
+                let server = text(&object, "sourceName").unwrap_or_default();
+                let server_ident = text(&object, "serverIdent").unwrap_or_default();
+                let ident = text(&object, "ident").unwrap_or_default();
+                let declaration = text(&object, "declaration").unwrap_or_default();
+                let schema = object.get("parameters").map(Value::to_string);
+                if let Value::Object(slot) = mcp_view
+                    .entry(server_ident.clone())
+                    .or_insert_with(|| serde_json::json!({"server": server, "tools": {}}))
+                {
+                    if let Some(Value::Object(tools)) = slot.get_mut("tools") {
+                        tools.insert(ident, Value::String(id.clone()));
+                    }
+                }
+                mcp_servers.entry(server_ident.clone()).or_insert_with(|| (server.clone(), format!("mcp/{server}.d.ts")));
+                mcp_api = Some((server_ident, declaration, schema));
+            }
             by_id.entry(id.clone()).or_insert(position);
             entries.push(Entry {
                 id,
                 mcp,
+                mcp_api,
                 compact: Value::Object(compact).to_string(),
                 full: Value::Object(full).to_string(),
             });
@@ -148,7 +192,59 @@ impl Catalog {
             indexed,
             all_json,
             safe_names_json,
+            mcp_json: Value::Object(mcp_view).to_string(),
+            api,
+            mcp_servers,
         }
+    }
+
+    /// The guest's `MCP` object description.
+    pub fn mcp_json(&self) -> &str {
+        &self.mcp_json
+    }
+
+    /// `API.list(prefix)`: `[{path, bytes}]` of the virtual files under `prefix`.
+    pub fn api_list_json(&self, prefix: &str) -> String {
+        let prefix = prefix.trim_start_matches("./").trim_end_matches('/');
+        let files: Vec<Value> = self
+            .api
+            .iter()
+            .filter(|(path, _)| prefix.is_empty() || path.as_str() == prefix || path.starts_with(&format!("{prefix}/")))
+            .map(|(path, text)| serde_json::json!({"path": path, "bytes": text.len()}))
+            .collect();
+        Value::from(files).to_string()
+    }
+
+    /// `API.read(path)`: a virtual file, or why not. Paths with `.`/`..` segments are refused.
+    pub fn api_read(&self, path: &str) -> Result<&str, String> {
+        if path.split('/').any(|segment| segment == "." || segment == ".." || segment.is_empty()) {
+            return Err(format!("API path {path:?} is not allowed: no empty, '.' or '..' segments"));
+        }
+        self.api.get(path).map(String::as_str).ok_or_else(|| format!("unknown API path {path:?}"))
+    }
+
+    /// `MCP.<server>.$api(tool?, {schema?})` as JSON: the server's declaration file, or one tool's.
+    pub fn mcp_api_json(&self, server_ident: &str, tool_ident: Option<&str>, schema: bool) -> Result<String, String> {
+        let (server, path) =
+            self.mcp_servers.get(server_ident).ok_or_else(|| format!("unknown MCP server {server_ident:?}"))?;
+        let Some(tool_ident) = tool_ident else {
+            let declaration = self.api.get(path).cloned().unwrap_or_default();
+            return Ok(serde_json::json!({"server": server, "declaration": declaration}).to_string());
+        };
+        for entry in &self.entries {
+            let Some((entry_server, declaration, parameters)) = &entry.mcp_api else { continue };
+            let name = entry.id.rsplit(':').next().unwrap_or_default();
+            if entry_server != server_ident || !(declaration.contains(&format!("function {tool_ident}(")) || name == tool_ident) {
+                continue;
+            }
+            let mut header = serde_json::json!({"server": server, "tool": name, "declaration": declaration});
+            if schema {
+                let parsed = parameters.as_deref().and_then(|p| serde_json::from_str::<Value>(p).ok());
+                header["schema"] = parsed.unwrap_or(Value::Null);
+            }
+            return Ok(header.to_string());
+        }
+        Err(format!("unknown MCP tool {tool_ident:?} on server {server:?}"))
     }
 
     pub fn len(&self) -> usize {

@@ -682,6 +682,37 @@ fn install_prelude<'js>(
             resolve_state.borrow().catalog.resolve_safe_name(&name).map(str::to_owned)
         })?,
     )?;
+    let mcp_state = state.clone();
+    host.set(
+        "mcp",
+        Function::new(ctx.clone(), move || -> String { mcp_state.borrow().catalog.mcp_json().to_owned() })?,
+    )?;
+    let api_list_state = state.clone();
+    host.set(
+        "apiList",
+        Function::new(ctx.clone(), move |prefix: String| -> String {
+            api_list_state.borrow().catalog.api_list_json(&prefix)
+        })?,
+    )?;
+    let api_read_state = state.clone();
+    host.set(
+        "apiRead",
+        Function::new(ctx.clone(), move |ctx: Ctx<'js>, path: String| -> rquickjs::Result<String> {
+            let st = api_read_state.borrow();
+            st.catalog.api_read(&path).map(str::to_owned).map_err(|e| Exception::throw_message(&ctx, &e))
+        })?,
+    )?;
+    let mcp_api_state = state.clone();
+    host.set(
+        "mcpApi",
+        Function::new(
+            ctx.clone(),
+            move |ctx: Ctx<'js>, server: String, tool: Option<String>, schema: bool| -> rquickjs::Result<String> {
+                let st = mcp_api_state.borrow();
+                st.catalog.mcp_api_json(&server, tool.as_deref(), schema).map_err(|e| Exception::throw_message(&ctx, &e))
+            },
+        )?,
+    )?;
     let search_state = state.clone();
     host.set(
         "search",

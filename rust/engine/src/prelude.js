@@ -212,6 +212,54 @@
   ObjectDefineProperty(G, "searchTools", { value: search, enumerable: false });
   ObjectDefineProperty(G, "describeTool", { value: describe, enumerable: false });
 
+  // ---- MCP and API --------------------------------------------------------------------------
+  // `MCP.<server>.<tool>(input)` is the only way a cell reaches MCP tools; it resolves to the exact
+  // catalog id and goes through the host's normal call path. `API` serves the declaration files
+  // from the worker's catalog: reading them is never a tool call.
+  const MCP_TOOL = "\u0000mcp";
+  const hostMcp = host.mcp;
+  const hostApiList = host.apiList;
+  const hostApiRead = host.apiRead;
+  const hostMcpApi = host.mcpApi;
+
+  function mcpServer(ident, info) {
+    const server = ObjectCreate(null);
+    const toolIdents = ObjectKeys(info.tools);
+    for (let i = 0; i < toolIdents.length; i++) {
+      const id = info.tools[toolIdents[i]];
+      server[toolIdents[i]] = (input) => hostCall(MCP_TOOL, toJson({ id, input: input === undefined ? {} : input }));
+    }
+    const op = (name) => (input) => hostCall(MCP_TOOL, toJson({ server: info.server, op: name, input: input === undefined ? {} : input }));
+    server.$api = async (toolName, options) => {
+      const schema = options !== null && typeof options === "object" && options.schema === true;
+      return deepFreeze(JsonParse(hostMcpApi(ident, toolName === undefined ? undefined : StringCtor(toolName), schema)));
+    };
+    server.resources = ObjectFreeze({ list: op("resources.list"), read: op("resources.read") });
+    server.prompts = ObjectFreeze({ list: op("prompts.list"), get: op("prompts.get") });
+    return ObjectFreeze(server);
+  }
+
+  let mcpView;
+  ObjectDefineProperty(G, "MCP", {
+    get: () => {
+      if (mcpView === undefined) {
+        const servers = JsonParse(hostMcp());
+        const view = ObjectCreate(null);
+        const idents = ObjectKeys(servers);
+        for (let i = 0; i < idents.length; i++) view[idents[i]] = mcpServer(idents[i], servers[idents[i]]);
+        mcpView = ObjectFreeze(view);
+      }
+      return mcpView;
+    },
+    enumerable: false,
+  });
+
+  const API = ObjectFreeze({
+    list: async (prefix) => deepFreeze(JsonParse(hostApiList(prefix === undefined ? "" : StringCtor(prefix)))),
+    read: async (path) => hostApiRead(StringCtor(path)),
+  });
+  ObjectDefineProperty(G, "API", { value: API, enumerable: false });
+
   // ---- namespaces ----------------------------------------------------------------------------
   // Plugin domain APIs (`Issues.list(...)`): plain data plus call markers, built per run by the
   // host. A marker becomes a function whose call goes through the catalog tool path in the host.

@@ -1,0 +1,146 @@
+"""What guest code sees of MCP servers: ``MCP.<server>.<tool>`` names and the ``API`` files.
+
+MCP names are often not JavaScript identifiers (``get-sum``, ``chrome-devtools``), so each server
+and tool gets a camelCase identifier, deterministically: the catalog order decides who keeps a
+contested identifier, later ones get ``_2``, ``_3``… and the declaration files name both the
+identifier and the original name. The files (``mcp/index.d.ts``, ``mcp/<server>.d.ts``) are
+rendered from the tools' metadata once per catalog, for the visible servers only, and served
+inside the worker: reading them is never a tool call.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+from .catalog import input_hint
+
+__all__ = ["McpNames", "camel_ident", "declarations", "mcp_names", "tool_declaration"]
+
+_WORD = re.compile(r"[A-Za-z0-9]+")
+_RESERVED_MEMBERS = frozenset({"$api", "resources", "prompts"})
+
+
+class _McpTool(Protocol):
+    @property
+    def id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def owner(self) -> str: ...
+    @property
+    def description(self) -> str: ...
+    @property
+    def input_schema(self) -> dict[str, Any] | None: ...
+
+
+def camel_ident(name: str) -> str:
+    """``get-sum`` -> ``getSum``, ``chrome-devtools`` -> ``chromeDevtools``, ``create_issue`` ->
+    ``createIssue``; a leading digit gets a ``_``; nothing usable gives ``_``."""
+    words: list[str] = _WORD.findall(name)
+    if not words:
+        return "_"
+    head, *rest = words
+    ident = head[0].lower() + head[1:] + "".join(w[0].upper() + w[1:] for w in rest)
+    return "_" + ident if ident[0].isdigit() else ident
+
+
+def _unique(ident: str, taken: set[str]) -> str:
+    candidate, n = ident, 1
+    while candidate in taken:
+        n += 1
+        candidate = f"{ident}_{n}"
+    taken.add(candidate)
+    return candidate
+
+
+class McpNames:
+    """Identifiers for servers (``server -> ident``) and tools (``tool id -> ident``)."""
+
+    def __init__(self, servers: dict[str, str], tools: dict[str, str]) -> None:
+        self.servers = servers
+        self.tools = tools
+
+
+def mcp_names(tools: Iterable[_McpTool]) -> McpNames:
+    """Assigns identifiers in catalog order; collisions get visible numeric suffixes."""
+    servers: dict[str, str] = {}
+    server_taken: set[str] = set()
+    tool_idents: dict[str, str] = {}
+    taken_by_server: dict[str, set[str]] = {}
+    for tool in tools:
+        if tool.owner not in servers:
+            servers[tool.owner] = _unique(camel_ident(tool.owner), server_taken)
+        taken = taken_by_server.setdefault(tool.owner, set(_RESERVED_MEMBERS))
+        tool_idents[tool.id] = _unique(camel_ident(tool.name), taken)
+    return McpNames(servers, tool_idents)
+
+
+def _safe_comment(text: str) -> str:
+    """Untrusted MCP text inside a JSDoc comment: it must not be able to close the comment."""
+    return text.replace("*/", "*\\/")
+
+
+def _doc(description: str, schema: Mapping[str, Any] | None, indent: str) -> list[str]:
+    lines = [f"{indent}/**"]
+    for line in (description.strip() or "(no description)").splitlines()[:12]:
+        lines.append(f"{indent} * {_safe_comment(line)}")
+    properties = (schema or {}).get("properties")
+    if isinstance(properties, Mapping):
+        for key, prop in list(properties.items())[:32]:
+            text = prop.get("description") if isinstance(prop, Mapping) else None
+            if isinstance(text, str) and text.strip():
+                lines.append(f"{indent} * @param {key} {_safe_comment(text.strip().splitlines()[0][:200])}")
+    lines.append(f"{indent} */")
+    return lines
+
+
+HEADER = """type McpToolResult = {
+  content?: unknown[];
+  structuredContent?: unknown;
+  isError?: boolean;
+  [key: string]: unknown;
+};
+
+type McpApiHeader = { server: string; tool?: string; declaration: string; schema?: unknown };
+"""
+
+
+def tool_declaration(tool: _McpTool, ident: str) -> str:
+    """One tool's declaration (JSDoc + signature), as ``MCP.<server>.$api(tool)`` returns it."""
+    lines = _doc(tool.description, tool.input_schema, "")
+    if ident != tool.name:
+        lines.append(f"// MCP tool name: {json.dumps(tool.name)}")
+    signature = input_hint(tool.input_schema, max_chars=600)
+    lines.append(f"function {ident}(input: {signature}): Promise<McpToolResult>;")
+    return "\n".join(lines)
+
+
+def declarations(tools: Iterable[_McpTool], names: McpNames) -> dict[str, str]:
+    """The virtual ``API`` files: ``mcp/index.d.ts`` and one ``mcp/<server>.d.ts`` per server."""
+    by_server: dict[str, list[_McpTool]] = {}
+    for tool in tools:
+        by_server.setdefault(tool.owner, []).append(tool)
+    files: dict[str, str] = {}
+    index = [HEADER, "/** MCP servers visible to this run: `MCP.<server>.<tool>(input)`. */", "declare const MCP: {"]
+    for server, items in by_server.items():
+        ident = names.servers[server]
+        index.append(f"  /** server {json.dumps(server)}: {len(items)} tool(s); see mcp/{server}.d.ts */")
+        index.append(f"  {ident}: typeof MCP.{ident};")
+        body = [HEADER, f"/** MCP server {json.dumps(server)} (`MCP.{ident}`). */", f"declare namespace MCP.{ident} {{"]
+        body.append("  /** Returns this API header; for one tool (with `schema: true`, its JSON Schema too). */")
+        body.append("  function $api(toolName?: string, options?: { schema?: boolean }): Promise<McpApiHeader>;")
+        body.append("  const resources: { list(): Promise<unknown>; read(input: { uri: string }): Promise<unknown> };")
+        body.append(
+            "  const prompts: { list(): Promise<unknown>; "
+            "get(input: { name: string; arguments?: Record<string, string> }): Promise<unknown> };"
+        )
+        for tool in items:
+            body.extend("  " + line for line in tool_declaration(tool, names.tools[tool.id]).splitlines())
+        body.append("}")
+        files[f"mcp/{server}.d.ts"] = "\n".join(body) + "\n"
+    index.append("};")
+    files["mcp/index.d.ts"] = "\n".join(index) + "\n"
+    return files
