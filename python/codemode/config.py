@@ -49,6 +49,9 @@ class CodeModeConfig(msgspec.Struct, rename="camel", forbid_unknown_fields=True,
     max_search_limit: int = 50
     #: Worker processes kept in the pool (0 = one per CPU).
     workers: int = 0
+    #: MCP servers, in the format MCP clients use: ``{"time": {"command": ..., "args": [...]},
+    #: "docs": {"url": ...}}``. Their tools join the catalog as ``mcp:<server>:<tool>``.
+    mcp_servers: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 def _clamp(config: CodeModeConfig) -> CodeModeConfig:

@@ -13,8 +13,8 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable
-from typing import Any, Literal, TypeVar, overload
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import msgspec
 
@@ -28,6 +28,9 @@ from .protocol import Configure, EngineLimits
 from .runs import TOO_MANY, Journal, Run, RunLookupError, RunTable
 from .supervisor import Step, Supervisor
 from .tools import BackgroundLoop, CatalogView, Dispatcher, Gate, Tool, ToolRegistry, define_tool
+
+if TYPE_CHECKING:
+    from .mcp import McpServers
 
 __all__ = ["CodeMode", "Completed", "Failed", "JsonOutput", "Result", "Session", "Telemetry", "TextOutput", "Waiting"]
 
@@ -113,6 +116,13 @@ def _outputs(raw: list[tuple[int, str]]) -> list[Output]:
     return out
 
 
+def _mcp_caller(mcp: McpServers, server: str, tool: str) -> Callable[..., Awaitable[Any]]:
+    async def call(**arguments: Any) -> Any:
+        return await mcp.acall_tool(server, tool, arguments)
+
+    return call
+
+
 class CodeMode:
     """Owns the tool registry, the policy, the validated config and the worker pool.
 
@@ -147,6 +157,67 @@ class CodeMode:
         self._runs = RunTable(self.config.snapshot_ttl_seconds)
         self._sweeper: threading.Thread | None = None
         self._sweep_stop = threading.Event()
+        self._mcp: McpServers | None = None
+        #: MCP servers whose tools are in the registry (or that failed to list: name -> error).
+        self._mcp_loaded: dict[str, str | None] = {}
+        self._mcp_lock = threading.Lock()
+        for name, server in self.config.mcp_servers.items():
+            self.add_mcp_server(name, server)
+
+    # ---- MCP -----------------------------------------------------------------------------------
+    def add_mcp_server(self, name: str, config: Mapping[str, Any]) -> None:
+        """Adds an MCP server (``{"command", "args", "env"}`` or ``{"url", "headers"}``); its tools
+        join the catalog on the next exec (or ``load_mcp_tools()``)."""
+        from .mcp import McpServers
+
+        with self._mcp_lock:
+            if self._mcp is None:
+                self._mcp = McpServers()
+            self._mcp.add(name, config)
+            self._mcp_loaded.pop(name, None)
+
+    def load_mcp_tools(self) -> dict[str, str | None]:
+        """Connects to MCP servers not yet listed and registers their tools. Returns, per server,
+        None or why it could not be reached (its tools are then absent; other servers work)."""
+        mcp = self._mcp
+        if mcp is None:
+            return {}
+        with self._mcp_lock:
+            for server in mcp.names():
+                if server in self._mcp_loaded:
+                    continue
+                try:
+                    listed = mcp.list_tools(server)
+                except CodemodeError as e:
+                    self._mcp_loaded[server] = str(e)
+                    continue
+                for info in listed:
+                    self._registry.add(
+                        define_tool(
+                            _mcp_caller(mcp, server, info.name),
+                            name=info.name,
+                            owner=server,
+                            source="mcp",
+                            description=info.description,
+                            label=info.title,
+                            input_schema=info.input_schema,
+                        )
+                    )
+                self._mcp_loaded[server] = None
+            return dict(self._mcp_loaded)
+
+    async def _mcp_op(self, server: str, op: str, payload: Any) -> Any:
+        mcp = self._mcp
+        if mcp is None:
+            raise CodemodeError("no MCP servers are configured")
+        args = payload if isinstance(payload, dict) else {}
+        if op == "resources.read":
+            return await mcp.aread_resource(server, str(args.get("uri", "")))
+        if op == "prompts.get":
+            return await mcp.aget_prompt(server, str(args.get("name", "")), args.get("arguments"))
+        if op == "resources.list":
+            return msgspec.to_builtins(await mcp.alist_resources(server))
+        return msgspec.to_builtins(await mcp.alist_prompts(server))
 
     # ---- tools ---------------------------------------------------------------------------------
     @overload
@@ -259,6 +330,8 @@ class CodeMode:
             return
         self._closed = True
         self._sweep_stop.set()
+        if self._mcp is not None:
+            self._mcp.close()
         for run in self._runs.drain():
             run.dispatcher.close()
         self._supervisor.close()
@@ -330,6 +403,8 @@ class CodeMode:
             return checked
         code, language, restart_safe = checked
         session_id, scope = session.session_id, session.scope
+        if self._mcp is not None and len(self._mcp_loaded) < len(self._mcp.names()):
+            self.load_mcp_tools()
         configure, view = self._configuration()
         namespaces_json, namespace_calls = self._namespaces.build(view.tools, session_id)
         journal = Journal(
@@ -351,6 +426,7 @@ class CodeMode:
             gate=self._gate,
             read_only=restart_safe,
             namespace_calls=namespace_calls,
+            mcp_ops=self._mcp_op if self._mcp is not None else None,
         )
         run = Run(scope, journal, dispatcher)
         dispatcher.parent = f"exec_{next(self._call_ids)}"

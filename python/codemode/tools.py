@@ -115,7 +115,7 @@ def define_tool(
         # The model sees exactly one `exec` and one `wait` and no tool-search controls, and the
         # core names are the control tools themselves. A plugin's shell `exec` is catalogued.
         raise ToolDefinitionError(f"{name!r} is a code mode control tool name")
-    if input_schema is None or output_schema is None:
+    if source == "host" and (input_schema is None or output_schema is None):
         try:
             derived_input, derived_output = catalog.schemas_from_function(fn)
         except (TypeError, ValueError, NameError) as e:

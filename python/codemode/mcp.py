@@ -1,0 +1,798 @@
+"""Connections to MCP servers, through the official ``mcp`` SDK, usable from any thread.
+
+The host configures servers the way MCP clients already do, one entry per name::
+
+    {"time": {"command": "uvx", "args": ["mcp-server-time"], "env": {...}, "cwd": "..."},
+     "docs": {"url": "https://example.com/mcp", "headers": {"Authorization": "Bearer ..."}}}
+
+``command`` means a stdio server (a subprocess speaking MCP on stdin/stdout), ``url`` a
+streamable HTTP server. ``McpServers`` keeps one session per server on a private event-loop
+thread: the SDK is anyio-based and a session's task groups must be entered and left by the same
+task, so each connection lives in one long-lived *holder* task while requests from any thread
+(or any other event loop, via the ``a*`` twins) are scheduled onto that loop::
+
+    caller thread / loop ──run_coroutine_threadsafe──> codemode-mcp loop ──> mcp.Client ──> server
+                                                        └─ holder task per server: opens the
+                                                           transport + session, waits, closes
+
+Failure policy, so that one bad server never takes the host down:
+
+* A server that cannot start, or that dies, fails the calls that need it with
+  ``McpServerError("MCP server 'x' is unavailable: ...")``; other servers are untouched.
+* A session whose stream has ended (the server exited, the HTTP session closed) is replaced by
+  a fresh one *before* the next request is sent. A request that loses its connection while in
+  flight is retried once on a new session if it only reads (``tools/list``, ``resources/read``,
+  ...); a ``tools/call`` is never re-sent, because it may already have run.
+* Every request and every handshake has a timeout (``McpTimeoutError``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import importlib.metadata
+import logging
+import sys
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
+
+import anyio
+import httpx2
+import msgspec
+from mcp import Client, MCPError, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import CONNECTION_CLOSED, Implementation, PaginatedResult
+from pydantic import ValidationError
+
+from .errors import ClosedError, CodemodeError, ConfigError
+
+if TYPE_CHECKING:
+    # The stream contract of the public ``mcp.client.Transport`` protocol, defined next to it.
+    from mcp.client._transport import ReadStream, TransportStreams
+    from mcp.shared.message import SessionMessage
+    from typing_extensions import Self
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup
+
+__all__ = [
+    "McpHttpServerConfig",
+    "McpPromptArgument",
+    "McpPromptInfo",
+    "McpResourceInfo",
+    "McpServerConfig",
+    "McpServerError",
+    "McpServers",
+    "McpStdioServerConfig",
+    "McpTimeoutError",
+    "McpToolInfo",
+    "parse_server_config",
+]
+
+logger = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+T = TypeVar("T")
+PageT = TypeVar("PageT", bound=PaginatedResult)
+
+DEFAULT_TIMEOUT_S = 30.0
+#: How long closing one session may take before its holder task is cancelled. The SDK's own
+#: stdio shutdown is bounded too (stdin close, 2 s grace, SIGTERM, 2 s, SIGKILL).
+_CLOSE_TIMEOUT_S = 10.0
+#: A server that keeps returning a cursor is broken (or hostile); stop following it here.
+_MAX_PAGES = 1000
+#: Connect/write/pool timeouts for HTTP servers; reads stay open longer because a server may
+#: stream a response (the values the SDK itself uses). Our per-request timeout still applies.
+_HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
+#: Failures that mean the transport itself is gone, not that the server rejected a request.
+_CONNECTION_ERRORS = (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, httpx2.TransportError)
+
+
+class McpServerError(CodemodeError):
+    """An MCP server could not be reached, failed a request, or answered it with an error.
+
+    ``server`` names the configured server. ``code`` is the JSON-RPC error code when the server
+    answered with an error response (``-32602`` for an unknown tool, say), else ``None``.
+    """
+
+    def __init__(self, message: str, *, server: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.server = server
+        self.code = code
+
+
+class McpTimeoutError(McpServerError):
+    """An MCP request, or the handshake before it, did not finish within its timeout."""
+
+
+class McpStdioServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """A server run as a subprocess that speaks MCP on stdin/stdout.
+
+    The subprocess gets the SDK's small default environment (``HOME``, ``PATH``, ``USER``...)
+    plus ``env``, not the host's whole environment, so host secrets do not leak into it.
+    """
+
+    command: str
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = {}
+    cwd: str | None = None
+    #: Accepted because configs copied from other MCP clients often carry it.
+    type: Literal["stdio"] = "stdio"
+
+
+class McpHttpServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """A server reached over streamable HTTP; ``headers`` go with every request (auth)."""
+
+    url: str
+    headers: dict[str, str] = {}
+    #: The spellings other MCP clients use for streamable HTTP (SSE is not supported).
+    type: Literal["http", "streamable-http", "streamableHttp"] = "http"
+
+
+McpServerConfig = McpStdioServerConfig | McpHttpServerConfig
+
+
+class McpToolInfo(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+    """One tool a server lists; ``msgspec.to_builtins`` gives the spec's camelCase shape."""
+
+    name: str
+    description: str = ""
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any] | None = None
+    title: str | None = None
+
+
+class McpResourceInfo(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+    """One resource a server lists."""
+
+    uri: str
+    name: str
+    title: str | None = None
+    description: str | None = None
+    mime_type: str | None = None
+
+
+class McpPromptArgument(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One argument of a prompt template (prompt arguments are always strings)."""
+
+    name: str
+    description: str | None = None
+    required: bool = False
+
+
+class McpPromptInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One prompt a server lists."""
+
+    name: str
+    title: str | None = None
+    description: str | None = None
+    arguments: tuple[McpPromptArgument, ...] = ()
+
+
+def parse_server_config(name: str, config: Mapping[str, Any] | McpServerConfig) -> McpServerConfig:
+    """Validates one server entry; ``command`` selects stdio and ``url`` streamable HTTP."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"an MCP server name must be a non-empty string, not {name!r}")
+    if isinstance(config, McpStdioServerConfig | McpHttpServerConfig):
+        parsed: McpServerConfig = config
+    elif not isinstance(config, Mapping):
+        raise ConfigError(f"MCP server {name!r}: the config must be a dict, not {type(config).__name__}")
+    elif "command" in config and "url" in config:
+        raise ConfigError(f"MCP server {name!r}: set either 'command' (stdio) or 'url' (streamable HTTP), not both")
+    elif "command" not in config and "url" not in config:
+        raise ConfigError(f"MCP server {name!r}: the config needs 'command' (stdio) or 'url' (streamable HTTP)")
+    else:
+        kind: type[McpServerConfig] = McpStdioServerConfig if "command" in config else McpHttpServerConfig
+        try:
+            parsed = msgspec.convert(dict(config), kind)
+        except msgspec.ValidationError as e:
+            raise ConfigError(f"MCP server {name!r}: {e}") from None
+    if isinstance(parsed, McpStdioServerConfig) and not parsed.command:
+        raise ConfigError(f"MCP server {name!r}: 'command' must not be empty")
+    if isinstance(parsed, McpHttpServerConfig) and not parsed.url.startswith(("http://", "https://")):
+        raise ConfigError(f"MCP server {name!r}: 'url' must start with http:// or https://, got {parsed.url!r}")
+    return parsed
+
+
+class McpServers:
+    """The host's MCP servers: one lazily connected session each, callable from any thread.
+
+    Every I/O method has an ``a``-prefixed twin (``acall_tool``...) for callers on another
+    event loop; both run the work on this object's own loop thread, started on first use.
+    ``timeout_s`` bounds each request, and separately the handshake when a call has to
+    (re)connect first; ``None`` means the ``timeout_s`` given here.
+    """
+
+    def __init__(
+        self, servers: Mapping[str, Mapping[str, Any] | McpServerConfig] | None = None, *, timeout_s: float = 30.0
+    ) -> None:
+        if not timeout_s > 0:
+            raise ConfigError(f"timeout_s must be > 0, not {timeout_s!r}")
+        self._timeout_s = timeout_s
+        self._client_info = Implementation(name="codemode", version=importlib.metadata.version("codemode"))
+        #: Guards the config table and the loop's lifecycle; never held while waiting on the loop.
+        self._lock = threading.Lock()
+        self._configs: dict[str, McpServerConfig] = {}
+        self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        # Owned by the loop thread.
+        self._connections: dict[str, _Connection] = {}
+        self._shutting_down = False
+        self._loop_done: asyncio.Event | None = None
+        for name, config in (servers or {}).items():
+            self.add(name, config)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -- configuration -------------------------------------------------------------------
+
+    def add(self, name: str, config: Mapping[str, Any] | McpServerConfig) -> None:
+        """Registers a server; nothing starts until a call needs it (or ``connect``)."""
+        parsed = parse_server_config(name, config)
+        with self._lock:
+            self._check_open()
+            if name in self._configs:
+                raise ConfigError(f"MCP server {name!r} is already configured")
+            self._configs[name] = parsed
+
+    def names(self) -> list[str]:
+        """The configured servers, in the order they were added."""
+        with self._lock:
+            return list(self._configs)
+
+    def remove(self, name: str) -> None:
+        """Forgets a server and shuts its session down (a stdio server's process exits)."""
+        if self._forget(name):
+            self._wait(self._disconnect, name)
+
+    async def aremove(self, name: str) -> None:
+        if self._forget(name):
+            await self._await(self._disconnect, name)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def connect(self, name: str, *, timeout_s: float | None = None) -> None:
+        """Opens the server's session now rather than on first use; no-op when it is live."""
+        self._wait(self._connect, name, timeout_s)
+
+    async def aconnect(self, name: str, *, timeout_s: float | None = None) -> None:
+        await self._await(self._connect, name, timeout_s)
+
+    def close(self) -> None:
+        """Closes every session and stops the loop thread; later calls raise ``ClosedError``.
+
+        Bounded even when servers are dead or hung: each session gets a few seconds to close,
+        then its task is cancelled (the SDK still kills a stdio server's process tree).
+        """
+        shutdown = self._begin_close()
+        if shutdown is not None:
+            shutdown.result()
+            self._join()
+
+    async def aclose(self) -> None:
+        shutdown = self._begin_close()
+        if shutdown is not None:
+            await asyncio.wrap_future(shutdown)
+            await asyncio.to_thread(self._join)
+
+    # -- requests ------------------------------------------------------------------------
+
+    def list_tools(self, name: str, *, timeout_s: float | None = None) -> list[McpToolInfo]:
+        """Every tool the server lists (all pages)."""
+        return self._wait(self._list_tools, name, timeout_s)
+
+    async def alist_tools(self, name: str, *, timeout_s: float | None = None) -> list[McpToolInfo]:
+        return await self._await(self._list_tools, name, timeout_s)
+
+    def list_resources(self, name: str, *, timeout_s: float | None = None) -> list[McpResourceInfo]:
+        """Every resource the server lists (all pages)."""
+        return self._wait(self._list_resources, name, timeout_s)
+
+    async def alist_resources(self, name: str, *, timeout_s: float | None = None) -> list[McpResourceInfo]:
+        return await self._await(self._list_resources, name, timeout_s)
+
+    def list_prompts(self, name: str, *, timeout_s: float | None = None) -> list[McpPromptInfo]:
+        """Every prompt the server lists (all pages)."""
+        return self._wait(self._list_prompts, name, timeout_s)
+
+    async def alist_prompts(self, name: str, *, timeout_s: float | None = None) -> list[McpPromptInfo]:
+        return await self._await(self._list_prompts, name, timeout_s)
+
+    def call_tool(
+        self, name: str, tool: str, arguments: Mapping[str, Any] | None = None, *, timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        """Calls a tool: ``{"content": [...], "structuredContent"?: ..., "isError": bool}``.
+
+        A tool that fails reports it in the result (``isError``), as MCP intends; an
+        ``McpServerError`` means the server refused the request (``code`` set: unknown tool,
+        bad arguments) or could not be reached.
+        """
+        return self._wait(self._call_tool, name, tool, arguments, timeout_s)
+
+    async def acall_tool(
+        self, name: str, tool: str, arguments: Mapping[str, Any] | None = None, *, timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        return await self._await(self._call_tool, name, tool, arguments, timeout_s)
+
+    def read_resource(self, name: str, uri: str, *, timeout_s: float | None = None) -> dict[str, Any]:
+        """Reads a resource: ``{"contents": [{"uri", "mimeType"?, "text" | "blob"}, ...]}``."""
+        return self._wait(self._read_resource, name, uri, timeout_s)
+
+    async def aread_resource(self, name: str, uri: str, *, timeout_s: float | None = None) -> dict[str, Any]:
+        return await self._await(self._read_resource, name, uri, timeout_s)
+
+    def get_prompt(
+        self, name: str, prompt: str, arguments: Mapping[str, str] | None = None, *, timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        """Renders a prompt: ``{"description"?: str, "messages": [{"role", "content"}, ...]}``."""
+        return self._wait(self._get_prompt, name, prompt, arguments, timeout_s)
+
+    async def aget_prompt(
+        self, name: str, prompt: str, arguments: Mapping[str, str] | None = None, *, timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        return await self._await(self._get_prompt, name, prompt, arguments, timeout_s)
+
+    # -- the loop thread -----------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("McpServers was used after close()")
+
+    def _schedule(
+        self, fn: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs
+    ) -> concurrent.futures.Future[T]:
+        """Starts the loop thread on first use and submits ``fn(...)`` to it.
+
+        Under the lock, so that work submitted before ``close()`` reaches the loop before its
+        shutdown does, and nothing reaches it after.
+        """
+        with self._lock:
+            self._check_open()
+            if self._loop is None:
+                started = threading.Event()
+                thread = threading.Thread(target=self._run_loop, args=(started,), name="codemode-mcp", daemon=True)
+                thread.start()
+                started.wait()
+                self._thread = thread
+            assert self._loop is not None
+            return asyncio.run_coroutine_threadsafe(fn(*args, **kwargs), self._loop)
+
+    def _run_loop(self, started: threading.Event) -> None:
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._loop_done = asyncio.Event()
+            started.set()
+            await self._loop_done.wait()
+
+        # asyncio.run also cancels whatever is left and closes the loop once main returns.
+        asyncio.run(main())
+
+    def _wait(self, fn: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
+        if self._thread is not None and threading.current_thread() is self._thread:
+            # Blocking the loop on work scheduled onto itself would never finish.
+            raise RuntimeError("McpServers' blocking methods cannot run on its own loop thread; use the a* twins")
+        return self._schedule(fn, *args, **kwargs).result()
+
+    async def _await(self, fn: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
+        return await asyncio.wrap_future(self._schedule(fn, *args, **kwargs))
+
+    def _forget(self, name: str) -> bool:
+        """Drops the config; true when a loop exists that may hold a session to shut down."""
+        with self._lock:
+            self._check_open()
+            if self._configs.pop(name, None) is None:
+                raise ConfigError(f"no MCP server named {name!r} is configured")
+            return self._loop is not None
+
+    def _begin_close(self) -> concurrent.futures.Future[None] | None:
+        """Marks the object closed and submits the shutdown; None if there is nothing to stop."""
+        if self._thread is not None and threading.current_thread() is self._thread:
+            raise RuntimeError("McpServers cannot be closed from its own loop thread")
+        with self._lock:
+            if self._closed:
+                return None
+            self._closed = True
+            if self._loop is None:
+                return None
+            return asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
+
+    def _join(self) -> None:
+        assert self._thread is not None
+        self._thread.join()
+
+    async def _shutdown(self) -> None:
+        self._shutting_down = True
+        connections, self._connections = list(self._connections.values()), {}
+        await asyncio.gather(*(connection.close() for connection in connections))
+        assert self._loop_done is not None
+        self._loop_done.set()
+
+    # -- work on the loop ----------------------------------------------------------------
+
+    def _connection(self, name: str) -> _Connection:
+        if self._shutting_down:
+            raise ClosedError("McpServers was used after close()")
+        with self._lock:
+            config = self._configs.get(name)
+        if config is None:
+            raise ConfigError(f"no MCP server named {name!r} is configured")
+        connection = self._connections.get(name)
+        if connection is None or connection.config is not config:
+            # A server removed and added again under the same name gets a new session.
+            connection = self._connections[name] = _Connection(name, config, self._client_info)
+        return connection
+
+    async def _disconnect(self, name: str) -> None:
+        connection = self._connections.pop(name, None)
+        if connection is not None:
+            await connection.close()
+
+    async def _connect(self, name: str, timeout_s: float | None) -> None:
+        await self._connection(name).client(self._timeout_s if timeout_s is None else timeout_s)
+
+    async def _request(
+        self, name: str, what: str, op: Callable[[Client], Awaitable[T]], timeout_s: float | None, *, replay_safe: bool
+    ) -> T:
+        """Runs one request with its timeout, mapping SDK failures to ``McpServerError``.
+
+        ``replay_safe`` requests (reads) are retried once on a fresh session when the
+        connection drops under them; others fail, since the server may have acted on them.
+        """
+        timeout = self._timeout_s if timeout_s is None else timeout_s
+        connection = self._connection(name)
+        for attempt in (1, 2):
+            client = await connection.client(timeout)
+            try:
+                with anyio.fail_after(timeout):
+                    return await op(client)
+            except TimeoutError:
+                raise McpTimeoutError(
+                    f"MCP server {name!r} did not answer {what} within {timeout:g} s", server=name
+                ) from None
+            except MCPError as e:
+                if e.code != CONNECTION_CLOSED:
+                    raise McpServerError(
+                        f"MCP server {name!r} rejected {what}: {e.message} (error {e.code})", server=name, code=e.code
+                    ) from None
+                lost: Exception = e
+            except _CONNECTION_ERRORS as e:
+                lost = e
+            except (ValidationError, RuntimeError) as e:
+                # The SDK's verdict on the answer (malformed result, structured content that
+                # breaks the tool's output schema): the connection itself is fine.
+                raise McpServerError(f"MCP server {name!r} failed {what}: {_describe(e)}", server=name) from e
+            except Exception as e:
+                connection.mark_broken()
+                raise McpServerError(f"MCP server {name!r} failed {what}: {_describe(e)}", server=name) from e
+            connection.mark_broken()
+            if not replay_safe:
+                raise McpServerError(
+                    f"MCP server {name!r} is unavailable: the connection was lost during {what} "
+                    f"({_describe(lost)}); not retried because it may have run. The next call reconnects.",
+                    server=name,
+                )
+            if attempt == 2:
+                raise McpServerError(
+                    f"MCP server {name!r} is unavailable: the connection was lost during {what} twice "
+                    f"({_describe(lost)})",
+                    server=name,
+                )
+        raise AssertionError("unreachable")
+
+    async def _list_tools(self, name: str, timeout_s: float | None) -> list[McpToolInfo]:
+        async def op(client: Client) -> list[McpToolInfo]:
+            pages = await _all_pages(name, "tools/list", lambda cursor: client.list_tools(cursor=cursor))
+            return [
+                McpToolInfo(
+                    name=tool.name,
+                    description=tool.description or "",
+                    input_schema=tool.input_schema,
+                    output_schema=tool.output_schema,
+                    # The spec's display-name order: title, then annotations.title.
+                    title=tool.title or (tool.annotations.title if tool.annotations else None),
+                )
+                for page in pages
+                for tool in page.tools
+            ]
+
+        return await self._request(name, "tools/list", op, timeout_s, replay_safe=True)
+
+    async def _list_resources(self, name: str, timeout_s: float | None) -> list[McpResourceInfo]:
+        async def op(client: Client) -> list[McpResourceInfo]:
+            pages = await _all_pages(name, "resources/list", lambda cursor: client.list_resources(cursor=cursor))
+            return [
+                McpResourceInfo(
+                    uri=resource.uri,
+                    name=resource.name,
+                    title=resource.title,
+                    description=resource.description,
+                    mime_type=resource.mime_type,
+                )
+                for page in pages
+                for resource in page.resources
+            ]
+
+        return await self._request(name, "resources/list", op, timeout_s, replay_safe=True)
+
+    async def _list_prompts(self, name: str, timeout_s: float | None) -> list[McpPromptInfo]:
+        async def op(client: Client) -> list[McpPromptInfo]:
+            pages = await _all_pages(name, "prompts/list", lambda cursor: client.list_prompts(cursor=cursor))
+            return [
+                McpPromptInfo(
+                    name=prompt.name,
+                    title=prompt.title,
+                    description=prompt.description,
+                    arguments=tuple(
+                        McpPromptArgument(name=arg.name, description=arg.description, required=bool(arg.required))
+                        for arg in prompt.arguments or ()
+                    ),
+                )
+                for page in pages
+                for prompt in page.prompts
+            ]
+
+        return await self._request(name, "prompts/list", op, timeout_s, replay_safe=True)
+
+    async def _call_tool(
+        self, name: str, tool: str, arguments: Mapping[str, Any] | None, timeout_s: float | None
+    ) -> dict[str, Any]:
+        async def op(client: Client) -> dict[str, Any]:
+            result = await client.call_tool(tool, dict(arguments) if arguments is not None else None)
+            # Only the spec's McpToolResult fields: the envelope (resultType, _meta) is protocol.
+            return result.model_dump(
+                mode="json", by_alias=True, exclude_none=True, include={"content", "structured_content", "is_error"}
+            )
+
+        return await self._request(name, f"tools/call {tool!r}", op, timeout_s, replay_safe=False)
+
+    async def _read_resource(self, name: str, uri: str, timeout_s: float | None) -> dict[str, Any]:
+        async def op(client: Client) -> dict[str, Any]:
+            result = await client.read_resource(uri)
+            return result.model_dump(mode="json", by_alias=True, exclude_none=True, include={"contents"})
+
+        return await self._request(name, f"resources/read {uri!r}", op, timeout_s, replay_safe=True)
+
+    async def _get_prompt(
+        self, name: str, prompt: str, arguments: Mapping[str, str] | None, timeout_s: float | None
+    ) -> dict[str, Any]:
+        async def op(client: Client) -> dict[str, Any]:
+            result = await client.get_prompt(prompt, dict(arguments) if arguments is not None else None)
+            return result.model_dump(mode="json", by_alias=True, exclude_none=True, include={"description", "messages"})
+
+        return await self._request(name, f"prompts/get {prompt!r}", op, timeout_s, replay_safe=True)
+
+
+class _Connection:
+    """One server's session, owned by the loop thread, reopened after it breaks.
+
+    The session lives in a holder task (see ``_hold``) because anyio requires the task that
+    entered the transport's and the session's task groups to be the one that leaves them;
+    requests from other tasks only use the ``Client``.
+    """
+
+    def __init__(self, name: str, config: McpServerConfig, client_info: Implementation) -> None:
+        self.name = name
+        self.config = config
+        self._client_info = client_info
+        self._client: Client | None = None
+        self._holder: asyncio.Task[None] | None = None
+        self._ready: asyncio.Future[Client] | None = None
+        #: Set when the session must end: the server's stream ended, a request found the
+        #: connection gone, or we are closing. The holder then closes the session.
+        self._stop = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._closed = False
+
+    def _live(self) -> Client | None:
+        return None if self._stop.is_set() else self._client
+
+    def mark_broken(self) -> None:
+        """Ends the session; the next request opens a new one."""
+        self._stop.set()
+
+    async def client(self, timeout_s: float) -> Client:
+        """The live session, (re)connecting first when there is none.
+
+        Checked right before each request: a session whose stream already ended is replaced
+        here, so a request is never sent into a connection known to be dead.
+        """
+        client = self._live()
+        if client is not None:
+            return client
+        async with self._lock:
+            if self._closed:
+                raise ClosedError(f"MCP server {self.name!r} was removed or closed")
+            client = self._live()
+            if client is None:
+                await self._release()
+                client = await self._open(timeout_s)
+            return client
+
+    async def close(self) -> None:
+        self._closed = True
+        await self._release()
+
+    async def _open(self, timeout_s: float) -> Client:
+        self._stop = asyncio.Event()
+        ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
+        self._ready = ready
+        self._holder = asyncio.create_task(self._hold(ready, self._stop), name=f"mcp-server-{self.name}")
+        try:
+            # shield: giving up waiting must not cancel ``ready`` under the holder.
+            client = await asyncio.wait_for(asyncio.shield(ready), timeout_s)
+        except asyncio.TimeoutError:
+            await self._release()
+            raise McpTimeoutError(
+                f"MCP server {self.name!r} is unavailable: no MCP handshake within {timeout_s:g} s", server=self.name
+            ) from None
+        except asyncio.CancelledError:
+            if not ready.cancelled():
+                raise
+            # The holder was cancelled before the handshake finished: close() or remove().
+            raise ClosedError(f"MCP server {self.name!r} was closed while connecting") from None
+        except Exception as e:
+            await self._release()
+            raise McpServerError(
+                f"MCP server {self.name!r} is unavailable: {_describe_connect_failure(e)}", server=self.name
+            ) from e
+        self._client = client
+        return client
+
+    async def _hold(self, ready: asyncio.Future[Client], stop: asyncio.Event) -> None:
+        """Opens the transport and session, publishes the client, and closes both on ``stop``."""
+        try:
+            async with AsyncExitStack() as stack:
+                client = Client(
+                    _open_streams(self.config, on_end=stop.set),
+                    client_info=self._client_info,
+                    # The catalog decides when to refetch listings; a response cache would only
+                    # hide a server's changes from it.
+                    cache=None,
+                )
+                ready.set_result(await stack.enter_async_context(client))
+                await stop.wait()
+        except asyncio.CancelledError:
+            if not ready.done():
+                ready.cancel()
+            raise
+        except Exception as e:
+            if not ready.done():
+                ready.set_exception(e)
+            else:
+                logger.debug("MCP server %r: the session ended with an error", self.name, exc_info=True)
+        finally:
+            stop.set()
+
+    async def _release(self) -> None:
+        """Stops the holder task (if any) and waits, bounded, until the session is closed."""
+        self._client = None
+        holder, ready = self._holder, self._ready
+        self._holder = self._ready = None
+        if holder is None:
+            return
+        self._stop.set()
+        if ready is not None and not ready.done():
+            # Still in the handshake, which does not watch ``stop``.
+            holder.cancel()
+        # asyncio.wait, not wait_for: it neither raises the holder's outcome nor cancels the
+        # holder when *this* task is cancelled.
+        done, _ = await asyncio.wait({holder}, timeout=_CLOSE_TIMEOUT_S)
+        if not done:
+            logger.warning("MCP server %r did not close within %g s; abandoning it", self.name, _CLOSE_TIMEOUT_S)
+            holder.cancel()
+
+
+class _EndWatch:
+    """A transport's read stream that reports when it ends.
+
+    The SDK has no public signal that a server went away while idle. The end of this stream is
+    that signal: the stdio transport ends it when the process's stdout closes (the process
+    died, or its stdin write failed), the HTTP transport when its session is torn down. Seeing
+    it before the next request is what lets that request go to a new session instead of
+    failing.
+    """
+
+    def __init__(self, inner: ReadStream[SessionMessage | Exception], on_end: Callable[[], None]) -> None:
+        self._inner = inner
+        self._on_end = on_end
+
+    @property
+    def last_context(self) -> contextvars.Context | None:
+        """The sender's context snapshot, which the SDK's dispatcher reads if present (HTTP)."""
+        context: contextvars.Context | None = getattr(self._inner, "last_context", None)
+        return context
+
+    async def receive(self) -> SessionMessage | Exception:
+        try:
+            return await self._inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._on_end()
+            raise
+
+    async def aclose(self) -> None:
+        self._on_end()
+        await self._inner.aclose()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+@asynccontextmanager
+async def _open_streams(config: McpServerConfig, on_end: Callable[[], None]) -> AsyncIterator[TransportStreams]:
+    """The SDK transport for ``config`` (a ``mcp.client.Transport``), with its end watched."""
+    async with AsyncExitStack() as stack:
+        if isinstance(config, McpStdioServerConfig):
+            params = StdioServerParameters(
+                command=config.command, args=list(config.args), env=dict(config.env), cwd=config.cwd
+            )
+            # The server's stderr (its logs) goes to the host's stderr, as other MCP clients do.
+            read, write = await stack.enter_async_context(stdio_client(params, errlog=sys.stderr))
+        else:
+            http = await stack.enter_async_context(httpx2.AsyncClient(headers=config.headers, timeout=_HTTP_TIMEOUT))
+            read, write = await stack.enter_async_context(streamable_http_client(config.url, http_client=http))
+        yield _EndWatch(read, on_end), write
+
+
+async def _all_pages(server: str, what: str, fetch: Callable[[str | None], Awaitable[PageT]]) -> list[PageT]:
+    pages: list[PageT] = []
+    cursor: str | None = None
+    for _ in range(_MAX_PAGES):
+        page = await fetch(cursor)
+        pages.append(page)
+        cursor = page.next_cursor
+        if cursor is None:
+            return pages
+    raise McpServerError(f"MCP server {server!r} returned more than {_MAX_PAGES} pages for {what}", server=server)
+
+
+def _leaf(error: BaseException) -> BaseException:
+    """The first real error inside (nested) exception groups, which anyio task groups raise."""
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        error = error.exceptions[0]
+    return error
+
+
+def _describe(error: BaseException) -> str:
+    error = _leaf(error)
+    if isinstance(error, MCPError):
+        return error.message
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _describe_connect_failure(error: BaseException) -> str:
+    leaf = _leaf(error)
+    if isinstance(leaf, MCPError) and leaf.code == CONNECTION_CLOSED:
+        return "the connection closed during the MCP handshake (did the server exit?)"
+    if isinstance(leaf, OSError | httpx2.TransportError):
+        return f"could not start or reach it: {_describe(leaf)}"
+    return f"the MCP handshake failed: {_describe(leaf)}"
