@@ -2,6 +2,7 @@
 
     codemode exec cell.ts --tools myapp.tools:register
     codemode exec cell.js --demo
+    codemode serve --config servers.json [--tools module:attr] [--http PORT]
 
 ``--tools module:attr`` names either a callable taking the ``CodeMode`` (it registers tools)
 or an iterable of functions (each becomes a tool).
@@ -40,6 +41,24 @@ def _load_tools(cm: CodeMode, spec: str) -> None:
         cm.add_tool(fn)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from .serve import build_server, load_servers_config
+
+    config: dict[str, Any] = {"enabled": True}
+    if args.config is not None:
+        config["mcpServers"] = load_servers_config(args.config)
+    with CodeMode(config) as cm:
+        for spec in args.tools:
+            _load_tools(cm, spec)
+        cm.load_mcp_tools()
+        server = build_server(cm, cm.session("serve"))
+        if args.http is not None:
+            server.run("streamable-http", host="127.0.0.1", port=args.http)
+        else:
+            server.run("stdio")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="codemode", description="Run code mode cells.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -48,7 +67,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--tools", action="append", default=[], metavar="MODULE:ATTR", help="register tools")
     run.add_argument("--demo", action="store_true", help="register the built-in demo catalog")
     run.add_argument("--timeout-ms", type=int, default=None)
+    serve = sub.add_parser("serve", help="run codemode as an MCP server exposing exec and wait")
+    serve.add_argument("--config", type=Path, help="an MCP client config file with `mcpServers`")
+    serve.add_argument("--tools", action="append", default=[], metavar="MODULE:ATTR", help="register tools")
+    serve.add_argument("--http", type=int, metavar="PORT", help="streamable HTTP on 127.0.0.1:PORT instead of stdio")
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
 
     if str(args.file) == "-":
         source, language = sys.stdin.read(), "javascript"
