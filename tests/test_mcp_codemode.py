@@ -60,7 +60,8 @@ def test_call_through_mcp_namespace_returns_the_mcp_tool_result(ms):
 
 
 def test_direct_catalog_call_of_an_mcp_tool_is_refused(ms):
-    code = "try { await tools.callValue('mcp:everything:get-sum', {a: 1, b: 2}); return 'ran' } catch (e) { return e.message }"
+    code = "try { await tools.callValue('mcp:everything:get-sum', {a: 1, b: 2}); return 'ran' }"
+    code += " catch (e) { return e.message }"
     assert value(ms, code) == "unknown tool: mcp:everything:get-sum"
 
 
@@ -119,12 +120,8 @@ def test_codemode_serve_exposes_exec_and_wait_to_an_mcp_client(tmp_path: Path):
             listed = await client.list_tools()
             names = sorted(t.name for t in listed.tools)
             description = next(t.description or "" for t in listed.tools if t.name == "exec")
-            called = await client.call_tool(
-                "exec",
-                {
-                    "code": "const r = await MCP.time.getCurrentTime({timezone: 'UTC'}); return r.structuredContent.timezone"
-                },
-            )
+            cell = "const r = await MCP.time.getCurrentTime({timezone: 'UTC'}); return r.structuredContent.timezone"
+            called = await client.call_tool("exec", {"code": cell})
             text = "".join(getattr(block, "text", "") for block in called.content)
             return names, json.loads(text), description
 

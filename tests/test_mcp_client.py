@@ -1,0 +1,381 @@
+"""The MCP client against real servers: listing, calls, failures, reconnects, shutdown.
+
+Servers: ``mcp-server-time`` (Python, negotiates the 2026-07-28 protocol) and
+``@modelcontextprotocol/server-everything`` (Node, 2025-11-25), over stdio and streamable HTTP.
+See ``tests/mcp_servers.py`` for how they are found (and skipped, or failed under ``CI=true``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from codemode.errors import ClosedError, ConfigError
+from codemode.mcp import McpServerError, McpServers, McpTimeoutError, parse_server_config
+from mcp_servers import everything_http, everything_server, read_pid, time_server, wait_gone, with_pidfile
+
+EVERYTHING_TOOLS = 13
+EVERYTHING_RESOURCES = 7
+EVERYTHING_PROMPTS = 4
+LONG_TOOL = "trigger-long-running-operation"
+UNAVAILABLE = "MCP server 'every' is unavailable"
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[McpServers]:
+    """Both servers over stdio, shared by the tests that leave them running."""
+    with McpServers({"time": time_server(), "every": everything_server()}) as shared:
+        yield shared
+
+
+@pytest.fixture
+def pidfile(tmp_path: Path) -> Path:
+    return tmp_path / "server.pid"
+
+
+@pytest.fixture
+def killable(pidfile: Path) -> Iterator[McpServers]:
+    """server-everything as ``every``, started so the test can read (and kill) its pid."""
+    with McpServers({"every": with_pidfile(everything_server(), pidfile)}) as own:
+        yield own
+
+
+def text_of(result: dict[str, Any]) -> str:
+    return "".join(block["text"] for block in result["content"] if block["type"] == "text")
+
+
+# -- listing ---------------------------------------------------------------------------------
+
+
+def test_lists_tools_of_both_servers_with_schemas(servers: McpServers) -> None:
+    time_tools = {tool.name: tool for tool in servers.list_tools("time")}
+    every_tools = {tool.name: tool for tool in servers.list_tools("every")}
+
+    assert {"get_current_time", "convert_time"} <= set(time_tools)
+    current = time_tools["get_current_time"]
+    assert current.description
+    assert current.input_schema["type"] == "object"
+    assert current.input_schema["required"] == ["timezone"]
+    assert current.output_schema is not None
+
+    assert len(every_tools) == EVERYTHING_TOOLS
+    get_sum = every_tools["get-sum"]
+    assert set(get_sum.input_schema["properties"]) == {"a", "b"}
+    assert get_sum.title == "Get Sum Tool"
+    assert get_sum.output_schema is None
+    assert every_tools["get-structured-content"].output_schema is not None
+
+
+def test_tool_info_encodes_to_the_spec_camel_case_shape(servers: McpServers) -> None:
+    (get_sum,) = [tool for tool in servers.list_tools("every") if tool.name == "get-sum"]
+    encoded = msgspec.to_builtins(get_sum)
+    assert set(encoded) == {"name", "description", "inputSchema", "title"}
+
+
+def test_lists_resources_and_prompts(servers: McpServers) -> None:
+    resources = servers.list_resources("every")
+    prompts = {prompt.name: prompt for prompt in servers.list_prompts("every")}
+
+    assert len(resources) == EVERYTHING_RESOURCES
+    assert all(resource.uri.startswith("demo://") for resource in resources)
+    assert len(prompts) == EVERYTHING_PROMPTS
+    args = {arg.name: arg.required for arg in prompts["args-prompt"].arguments}
+    assert args == {"city": True, "state": False}
+
+
+# -- requests --------------------------------------------------------------------------------
+
+
+def test_time_server_returns_current_time_as_text_and_structured_content(servers: McpServers) -> None:
+    result = servers.call_tool("time", "get_current_time", {"timezone": "Europe/Paris"})
+
+    assert result["isError"] is False
+    assert result["structuredContent"]["timezone"] == "Europe/Paris"
+    assert json.loads(text_of(result))["datetime"] == result["structuredContent"]["datetime"]
+    assert set(result) == {"content", "structuredContent", "isError"}
+
+
+def test_get_sum_on_everything(servers: McpServers) -> None:
+    result = servers.call_tool("every", "get-sum", {"a": 2, "b": 3})
+
+    assert result == {"content": [{"type": "text", "text": "The sum of 2 and 3 is 5."}], "isError": False}
+
+
+def test_tool_failure_is_result_data_with_is_error(servers: McpServers) -> None:
+    result = servers.call_tool("time", "get_current_time", {"timezone": "Nowhere/Atlantis"})
+
+    assert result["isError"] is True
+    assert "Invalid timezone" in text_of(result)
+
+
+def test_unknown_tool_is_rejected_with_the_json_rpc_code(servers: McpServers) -> None:
+    with pytest.raises(McpServerError, match=r"MCP server 'time' rejected tools/call 'nope': Unknown tool") as info:
+        servers.call_tool("time", "nope", {})
+    assert info.value.code == -32602
+    assert info.value.server == "time"
+
+
+def test_read_resource_returns_contents(servers: McpServers) -> None:
+    uri = "demo://resource/static/document/features.md"
+    result = servers.read_resource("every", uri)
+
+    (content,) = result["contents"]
+    assert content["uri"] == uri
+    assert content["mimeType"] == "text/markdown"
+    assert content["text"].startswith("# Everything Server")
+
+
+def test_get_prompt_renders_messages_with_arguments(servers: McpServers) -> None:
+    result = servers.get_prompt("every", "args-prompt", {"city": "Paris"})
+
+    assert result == {"messages": [{"role": "user", "content": {"type": "text", "text": "What's weather in Paris?"}}]}
+
+
+def test_unknown_prompt_is_rejected(servers: McpServers) -> None:
+    with pytest.raises(McpServerError, match=r"rejected prompts/get 'nope'.*not found"):
+        servers.get_prompt("every", "nope")
+
+
+def test_async_twins_work_from_another_event_loop(servers: McpServers) -> None:
+    async def main() -> None:
+        total, now, resource, prompts = await asyncio.gather(
+            servers.acall_tool("every", "get-sum", {"a": 1, "b": 1}),
+            servers.acall_tool("time", "get_current_time", {"timezone": "UTC"}),
+            servers.aread_resource("every", "demo://resource/static/document/features.md"),
+            servers.alist_prompts("every"),
+        )
+        assert text_of(total) == "The sum of 1 and 1 is 2."
+        assert now["structuredContent"]["timezone"] == "UTC"
+        assert resource["contents"]
+        assert len(prompts) == EVERYTHING_PROMPTS
+
+    asyncio.run(main())
+
+
+def test_concurrent_calls_from_threads_share_one_server_process(killable: McpServers, pidfile: Path) -> None:
+    killable.connect("every")
+    pid = read_pid(pidfile)
+    results: list[str] = []
+
+    def call(n: int) -> None:
+        results.append(text_of(killable.call_tool("every", "get-sum", {"a": n, "b": 1})))
+
+    threads = [threading.Thread(target=call, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert sorted(results) == sorted(f"The sum of {n} and 1 is {n + 1}." for n in range(8))
+    assert read_pid(pidfile) == pid
+
+
+def test_stdio_config_env_reaches_the_server() -> None:
+    config = {**everything_server(), "env": {"CODEMODE_MCP_TEST": "hello"}}
+    with McpServers({"every": config}) as own:
+        env = json.loads(text_of(own.call_tool("every", "get-env")))
+    assert env["CODEMODE_MCP_TEST"] == "hello"
+    # The SDK's default environment, not the host's: host-only variables stay out.
+    assert "PYTEST_CURRENT_TEST" not in env
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the server's cwd from /proc")
+def test_stdio_config_cwd_is_the_server_working_directory(tmp_path: Path, pidfile: Path) -> None:
+    config = {**with_pidfile(everything_server(), pidfile), "cwd": str(tmp_path)}
+    with McpServers({"every": config}) as own:
+        own.connect("every")
+        assert os.readlink(f"/proc/{read_pid(pidfile)}/cwd") == str(tmp_path)
+
+
+def test_streamable_http_server_with_headers() -> None:
+    with everything_http() as url, McpServers({"web": {"url": url, "headers": {"X-Codemode-Test": "1"}}}) as own:
+        assert len(own.list_tools("web")) == EVERYTHING_TOOLS
+        assert text_of(own.call_tool("web", "get-sum", {"a": 2, "b": 3})) == "The sum of 2 and 3 is 5."
+
+
+# -- timeouts --------------------------------------------------------------------------------
+
+
+def test_slow_tool_times_out_and_the_session_stays_usable(killable: McpServers, pidfile: Path) -> None:
+    killable.connect("every")
+    pid = read_pid(pidfile)
+
+    with pytest.raises(McpTimeoutError, match=rf"MCP server 'every' did not answer tools/call '{LONG_TOOL}' within"):
+        killable.call_tool("every", LONG_TOOL, {"duration": 30, "steps": 1}, timeout_s=0.5)
+
+    assert text_of(killable.call_tool("every", "get-sum", {"a": 2, "b": 3})) == "The sum of 2 and 3 is 5."
+    assert read_pid(pidfile) == pid
+
+
+def test_server_that_never_answers_the_handshake_times_out() -> None:
+    with McpServers({"mute": {"command": "/bin/sh", "args": ["-c", "exec sleep 60"]}}, timeout_s=0.5) as own:
+        with pytest.raises(McpTimeoutError, match=r"MCP server 'mute' is unavailable: no MCP handshake within 0.5 s"):
+            own.list_tools("mute")
+
+
+# -- failures and recovery -------------------------------------------------------------------
+
+
+def test_server_killed_mid_call_fails_that_call_and_the_next_call_reconnects(
+    killable: McpServers, pidfile: Path
+) -> None:
+    killable.connect("every")
+    pid = read_pid(pidfile)
+    outcome: list[BaseException] = []
+
+    def long_call() -> None:
+        try:
+            killable.call_tool("every", LONG_TOOL, {"duration": 30, "steps": 1})
+        except BaseException as e:
+            outcome.append(e)
+
+    caller = threading.Thread(target=long_call)
+    caller.start()
+    # Generous time for the request to reach the server; if the kill landed first, the call
+    # would reconnect and run for 30 s instead of failing, and this test would fail.
+    time.sleep(0.5)
+    os.kill(pid, signal.SIGKILL)
+    caller.join()
+
+    (error,) = outcome
+    assert isinstance(error, McpServerError)
+    assert str(error).startswith(f"{UNAVAILABLE}: the connection was lost during tools/call '{LONG_TOOL}'")
+    assert "not retried because it may have run" in str(error)
+
+    assert text_of(killable.call_tool("every", "get-sum", {"a": 2, "b": 3})) == "The sum of 2 and 3 is 5."
+    assert read_pid(pidfile) != pid
+
+
+def test_server_killed_while_idle_is_replaced_before_the_next_call(killable: McpServers, pidfile: Path) -> None:
+    killable.connect("every")
+    pid = read_pid(pidfile)
+    os.kill(pid, signal.SIGKILL)
+    # Gone means reaped, which the SDK does only after the session saw the stream end.
+    wait_gone(pid)
+
+    assert text_of(killable.call_tool("every", "get-sum", {"a": 2, "b": 3})) == "The sum of 2 and 3 is 5."
+    assert read_pid(pidfile) != pid
+
+
+def test_missing_command_fails_clearly_and_other_servers_keep_working(servers: McpServers) -> None:
+    with McpServers({"ghost": {"command": "no-such-mcp-server-codemode"}, "time": time_server()}) as own:
+        with pytest.raises(McpServerError, match=r"^MCP server 'ghost' is unavailable: could not start or reach it"):
+            own.connect("ghost")
+        with pytest.raises(McpServerError, match=r"No such file or directory: 'no-such-mcp-server-codemode'"):
+            own.call_tool("ghost", "anything", {})
+        assert own.call_tool("time", "get_current_time", {"timezone": "UTC"})["isError"] is False
+
+
+def test_server_that_exits_during_the_handshake_is_unavailable() -> None:
+    with McpServers({"quits": {"command": "/bin/sh", "args": ["-c", "exit 3"]}}) as own:
+        with pytest.raises(McpServerError, match=r"'quits' is unavailable: the connection closed during the MCP hand"):
+            own.list_tools("quits")
+
+
+def test_unreachable_http_server_is_unavailable() -> None:
+    with everything_http() as url:
+        pass  # the server is stopped again: nothing listens on the port now
+    with McpServers({"web": {"url": url}}) as own:
+        with pytest.raises(McpServerError, match=r"^MCP server 'web' is unavailable: could not start or reach it"):
+            own.list_tools("web")
+
+
+# -- lifecycle -------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(20)
+def test_close_with_a_dead_server_does_not_hang(pidfile: Path) -> None:
+    own = McpServers({"every": with_pidfile(everything_server(), pidfile)})
+    own.connect("every")
+    os.kill(read_pid(pidfile), signal.SIGKILL)
+    own.close()
+
+    with pytest.raises(ClosedError):
+        own.call_tool("every", "get-sum", {"a": 1, "b": 2})
+
+
+def test_remove_stops_the_server_and_forgets_it(killable: McpServers, pidfile: Path) -> None:
+    killable.connect("every")
+    pid = read_pid(pidfile)
+
+    killable.remove("every")
+
+    wait_gone(pid)
+    assert killable.names() == []
+    with pytest.raises(ConfigError, match=r"no MCP server named 'every' is configured"):
+        killable.list_tools("every")
+
+
+def test_connect_is_idempotent(killable: McpServers, pidfile: Path) -> None:
+    killable.connect("every")
+    pid = read_pid(pidfile)
+    killable.connect("every")
+    assert read_pid(pidfile) == pid
+
+
+def test_close_is_idempotent_and_needs_no_started_loop() -> None:
+    own = McpServers({"time": {"command": "unused"}})
+    own.close()
+    own.close()
+    with pytest.raises(ClosedError):
+        own.add("other", {"command": "unused"})
+
+
+# -- configuration ---------------------------------------------------------------------------
+
+
+def test_config_chooses_the_transport_from_command_or_url() -> None:
+    stdio = parse_server_config("a", {"command": "srv", "args": ["--x"], "env": {"K": "V"}, "cwd": "/tmp"})
+    http = parse_server_config("b", {"url": "https://example.com/mcp", "headers": {"Authorization": "Bearer t"}})
+    assert msgspec.to_builtins(stdio) == {
+        "command": "srv",
+        "args": ("--x",),
+        "env": {"K": "V"},
+        "cwd": "/tmp",
+        "type": "stdio",
+    }
+    assert msgspec.to_builtins(http) == {
+        "url": "https://example.com/mcp",
+        "headers": {"Authorization": "Bearer t"},
+        "type": "http",
+    }
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({}, r"MCP server 'x': the config needs 'command' \(stdio\) or 'url'"),
+        ({"command": "a", "url": "http://b"}, r"MCP server 'x': set either 'command' \(stdio\) or 'url'"),
+        ({"command": "a", "disabled": True}, r"MCP server 'x': Object contains unknown field `disabled`"),
+        ({"command": "a", "args": "--flag"}, r"MCP server 'x': Expected `array`, got `str` - at `\$.args`"),
+        ({"command": "a", "env": {"K": 1}}, r"MCP server 'x': Expected `str`, got `int` - at `\$.env\[\.\.\.\]`"),
+        ({"command": ""}, r"MCP server 'x': 'command' must not be empty"),
+        ({"url": "ftp://host/mcp"}, r"MCP server 'x': 'url' must start with http:// or https://"),
+        ({"url": "http://host/mcp", "type": "sse"}, r"MCP server 'x': Invalid enum value 'sse' - at `\$.type`"),
+        ("node server.js", r"MCP server 'x': the config must be a dict, not str"),
+    ],
+)
+def test_bad_server_config_is_a_config_error_naming_the_server(config: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        McpServers({"x": config})
+
+
+def test_duplicate_and_unknown_server_names_are_config_errors() -> None:
+    with McpServers({"time": {"command": "unused"}}) as own:
+        with pytest.raises(ConfigError, match=r"MCP server 'time' is already configured"):
+            own.add("time", {"command": "unused"})
+        with pytest.raises(ConfigError, match=r"no MCP server named 'nope' is configured"):
+            own.remove("nope")
+        with pytest.raises(ConfigError, match=r"no MCP server named 'nope' is configured"):
+            own.call_tool("nope", "tool")
+        assert own.names() == ["time"]
