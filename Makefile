@@ -38,7 +38,7 @@ WHEEL_FORCE := $(if $(wildcard dist/codemode-*.whl),,FORCE)
 export PIP_NO_INPUT := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv build test test-wheel lint demo bench wheel clean FORCE
+.PHONY: help venv build test test-wheel mcp-servers lint demo bench wheel clean FORCE
 
 help: ## Show this help
 	@echo "usage: make <target>"
@@ -61,9 +61,12 @@ $(BUILD_STAMP): $(RUST_INPUTS) $(DEPS_STAMP) $(EXT_FORCE)
 	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(MATURIN) develop --release -q
 	@touch $@
 
-test: build wheel ## Run cargo tests, then pytest (includes installing the built wheel into a fresh venv)
+test: build wheel mcp-servers ## Run cargo tests, then pytest (includes installing the built wheel into a fresh venv)
 	cargo test --release --workspace --exclude codemode-pyext
 	CODEMODE_WHEEL_TEST=1 $(VPY) -m pytest tests -q
+
+mcp-servers: $(DEPS_STAMP) ## (internal) Install the real MCP servers the tests talk to (pinned; idempotent)
+	VENV=$(CURDIR)/$(VENV) bash tools/install_mcp_servers.sh
 
 test-wheel: wheel ## Only the wheel smoke test (fresh venv + pip install of dist/*.whl)
 	CODEMODE_WHEEL_TEST=1 $(VPY) -m pytest tests/test_wheel.py -q

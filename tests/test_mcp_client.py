@@ -267,6 +267,16 @@ def test_server_killed_while_idle_is_replaced_before_the_next_call(killable: Mcp
     assert read_pid(pidfile) != pid
 
 
+def test_read_right_after_a_kill_succeeds_on_a_new_server(killable: McpServers, pidfile: Path) -> None:
+    killable.connect("every")
+    pid = read_pid(pidfile)
+    os.kill(pid, signal.SIGKILL)
+    # No waiting: whether the session notices the death before sending or only after, a read
+    # is safe to send again, so it must succeed either way.
+    assert len(killable.list_tools("every")) == EVERYTHING_TOOLS
+    assert read_pid(pidfile) != pid
+
+
 def test_missing_command_fails_clearly_and_other_servers_keep_working(servers: McpServers) -> None:
     with McpServers({"ghost": {"command": "no-such-mcp-server-codemode"}, "time": time_server()}) as own:
         with pytest.raises(McpServerError, match=r"^MCP server 'ghost' is unavailable: could not start or reach it"):
@@ -323,6 +333,23 @@ def test_connect_is_idempotent(killable: McpServers, pidfile: Path) -> None:
     assert read_pid(pidfile) == pid
 
 
+def test_async_lifecycle_from_an_event_loop(pidfile: Path) -> None:
+    async def main() -> None:
+        async with McpServers({"every": with_pidfile(everything_server(), pidfile)}) as own:
+            await own.aconnect("every")
+            pid = read_pid(pidfile)
+            assert text_of(await own.acall_tool("every", "get-sum", {"a": 2, "b": 3})) == "The sum of 2 and 3 is 5."
+            await own.aremove("every")
+            await asyncio.to_thread(wait_gone, pid)
+            own.add("every", everything_server())
+            assert len(await own.alist_tools("every")) == EVERYTHING_TOOLS
+        await own.aclose()
+        with pytest.raises(ClosedError):
+            await own.alist_tools("every")
+
+    asyncio.run(main())
+
+
 def test_close_is_idempotent_and_needs_no_started_loop() -> None:
     own = McpServers({"time": {"command": "unused"}})
     own.close()
@@ -368,6 +395,11 @@ def test_config_chooses_the_transport_from_command_or_url() -> None:
 def test_bad_server_config_is_a_config_error_naming_the_server(config: Any, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         McpServers({"x": config})
+
+
+def test_timeout_must_be_positive() -> None:
+    with pytest.raises(ConfigError, match=r"timeout_s must be > 0, not 0"):
+        McpServers(timeout_s=0)
 
 
 def test_duplicate_and_unknown_server_names_are_config_errors() -> None:

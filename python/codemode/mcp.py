@@ -208,7 +208,10 @@ class McpServers:
     """
 
     def __init__(
-        self, servers: Mapping[str, Mapping[str, Any] | McpServerConfig] | None = None, *, timeout_s: float = 30.0
+        self,
+        servers: Mapping[str, Mapping[str, Any] | McpServerConfig] | None = None,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         if not timeout_s > 0:
             raise ConfigError(f"timeout_s must be > 0, not {timeout_s!r}")
@@ -257,12 +260,14 @@ class McpServers:
 
     def remove(self, name: str) -> None:
         """Forgets a server and shuts its session down (a stdio server's process exits)."""
-        if self._forget(name):
-            self._wait(self._disconnect, name)
+        if self._forget_unstarted(name):
+            return
+        self._wait(self._remove, name)
 
     async def aremove(self, name: str) -> None:
-        if self._forget(name):
-            await self._await(self._disconnect, name)
+        if self._forget_unstarted(name):
+            return
+        await self._await(self._remove, name)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -391,13 +396,16 @@ class McpServers:
     async def _await(self, fn: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
         return await asyncio.wrap_future(self._schedule(fn, *args, **kwargs))
 
-    def _forget(self, name: str) -> bool:
-        """Drops the config; true when a loop exists that may hold a session to shut down."""
+    def _forget_unstarted(self, name: str) -> bool:
+        """Removes the server right here when no loop (hence no session) exists yet."""
         with self._lock:
             self._check_open()
-            if self._configs.pop(name, None) is None:
+            if name not in self._configs:
                 raise ConfigError(f"no MCP server named {name!r} is configured")
-            return self._loop is not None
+            if self._loop is None:
+                del self._configs[name]
+                return True
+            return False
 
     def _begin_close(self) -> concurrent.futures.Future[None] | None:
         """Marks the object closed and submits the shutdown; None if there is nothing to stop."""
@@ -432,12 +440,16 @@ class McpServers:
         if config is None:
             raise ConfigError(f"no MCP server named {name!r} is configured")
         connection = self._connections.get(name)
-        if connection is None or connection.config is not config:
-            # A server removed and added again under the same name gets a new session.
+        if connection is None:
             connection = self._connections[name] = _Connection(name, config, self._client_info)
         return connection
 
-    async def _disconnect(self, name: str) -> None:
+    async def _remove(self, name: str) -> None:
+        # Config and session go together, with no await in between: a call that comes later
+        # finds neither, and a server added again under this name gets a new session.
+        with self._lock:
+            if self._configs.pop(name, None) is None:
+                raise ConfigError(f"no MCP server named {name!r} is configured")
         connection = self._connections.pop(name, None)
         if connection is not None:
             await connection.close()
@@ -448,51 +460,29 @@ class McpServers:
     async def _request(
         self, name: str, what: str, op: Callable[[Client], Awaitable[T]], timeout_s: float | None, *, replay_safe: bool
     ) -> T:
-        """Runs one request with its timeout, mapping SDK failures to ``McpServerError``.
+        """Runs one request; ``replay_safe`` ones (reads) get one more try if the connection drops.
 
-        ``replay_safe`` requests (reads) are retried once on a fresh session when the
-        connection drops under them; others fail, since the server may have acted on them.
+        A request whose connection drops in flight may have reached the server, so a
+        ``tools/call`` is not sent again: it fails, and the next call opens a new session.
         """
         timeout = self._timeout_s if timeout_s is None else timeout_s
         connection = self._connection(name)
-        for attempt in (1, 2):
-            client = await connection.client(timeout)
-            try:
-                with anyio.fail_after(timeout):
-                    return await op(client)
-            except TimeoutError:
-                raise McpTimeoutError(
-                    f"MCP server {name!r} did not answer {what} within {timeout:g} s", server=name
-                ) from None
-            except MCPError as e:
-                if e.code != CONNECTION_CLOSED:
-                    raise McpServerError(
-                        f"MCP server {name!r} rejected {what}: {e.message} (error {e.code})", server=name, code=e.code
-                    ) from None
-                lost: Exception = e
-            except _CONNECTION_ERRORS as e:
-                lost = e
-            except (ValidationError, RuntimeError) as e:
-                # The SDK's verdict on the answer (malformed result, structured content that
-                # breaks the tool's output schema): the connection itself is fine.
-                raise McpServerError(f"MCP server {name!r} failed {what}: {_describe(e)}", server=name) from e
-            except Exception as e:
-                connection.mark_broken()
-                raise McpServerError(f"MCP server {name!r} failed {what}: {_describe(e)}", server=name) from e
-            connection.mark_broken()
+        try:
+            return await connection.request(what, op, timeout)
+        except _ConnectionLost as lost:
             if not replay_safe:
                 raise McpServerError(
-                    f"MCP server {name!r} is unavailable: the connection was lost during {what} "
-                    f"({_describe(lost)}); not retried because it may have run. The next call reconnects.",
+                    f"MCP server {name!r} is unavailable: the connection was lost during {what} ({lost}); "
+                    "not retried because it may have run. The next call reconnects.",
                     server=name,
-                )
-            if attempt == 2:
-                raise McpServerError(
-                    f"MCP server {name!r} is unavailable: the connection was lost during {what} twice "
-                    f"({_describe(lost)})",
-                    server=name,
-                )
-        raise AssertionError("unreachable")
+                ) from lost.__cause__
+        try:
+            return await connection.request(what, op, timeout)
+        except _ConnectionLost as lost:
+            raise McpServerError(
+                f"MCP server {name!r} is unavailable: the connection was lost during {what}, twice ({lost})",
+                server=name,
+            ) from lost.__cause__
 
     async def _list_tools(self, name: str, timeout_s: float | None) -> list[McpToolInfo]:
         async def op(client: Client) -> list[McpToolInfo]:
@@ -601,9 +591,47 @@ class _Connection:
     def _live(self) -> Client | None:
         return None if self._stop.is_set() else self._client
 
-    def mark_broken(self) -> None:
-        """Ends the session; the next request opens a new one."""
-        self._stop.set()
+    def _mark_broken(self, client: Client) -> None:
+        """Ends ``client``'s session, unless a newer session already replaced it."""
+        if client is self._client:
+            self._stop.set()
+
+    async def request(self, what: str, op: Callable[[Client], Awaitable[T]], timeout_s: float) -> T:
+        """Runs ``op`` on the live session within ``timeout_s``, mapping SDK failures.
+
+        Raises ``_ConnectionLost`` (after ending the session) when the connection went away
+        under the request, so that the caller can decide whether to send it again.
+        """
+        client = await self.client(timeout_s)
+        try:
+            with anyio.fail_after(timeout_s):
+                return await op(client)
+        except McpServerError:
+            raise  # already ours (e.g. a listing that paginates without end)
+        except TimeoutError:
+            raise McpTimeoutError(
+                f"MCP server {self.name!r} did not answer {what} within {timeout_s:g} s", server=self.name
+            ) from None
+        except MCPError as e:
+            if e.code != CONNECTION_CLOSED:
+                raise McpServerError(
+                    f"MCP server {self.name!r} rejected {what}: {e.message} (error {e.code})",
+                    server=self.name,
+                    code=e.code,
+                ) from None
+            self._mark_broken(client)
+            raise _ConnectionLost(e.message) from e
+        except _CONNECTION_ERRORS as e:
+            self._mark_broken(client)
+            raise _ConnectionLost(_describe(e)) from e
+        except (ValidationError, RuntimeError) as e:
+            # The SDK's verdict on the answer (a malformed result, structured content that
+            # breaks the tool's output schema): the connection itself is fine.
+            raise McpServerError(f"MCP server {self.name!r} failed {what}: {_describe(e)}", server=self.name) from e
+        except Exception as e:
+            # Unknown state: start the next request on a new session.
+            self._mark_broken(client)
+            raise McpServerError(f"MCP server {self.name!r} failed {what}: {_describe(e)}", server=self.name) from e
 
     async def client(self, timeout_s: float) -> Client:
         """The live session, (re)connecting first when there is none.
@@ -656,15 +684,15 @@ class _Connection:
     async def _hold(self, ready: asyncio.Future[Client], stop: asyncio.Event) -> None:
         """Opens the transport and session, publishes the client, and closes both on ``stop``."""
         try:
-            async with AsyncExitStack() as stack:
-                client = Client(
-                    _open_streams(self.config, on_end=stop.set),
-                    client_info=self._client_info,
-                    # The catalog decides when to refetch listings; a response cache would only
-                    # hide a server's changes from it.
-                    cache=None,
-                )
-                ready.set_result(await stack.enter_async_context(client))
+            client = Client(
+                _open_streams(self.config, on_end=stop.set),
+                client_info=self._client_info,
+                # The catalog decides when to refetch listings; a response cache would only
+                # hide a server's changes from it.
+                cache=None,
+            )
+            async with client:
+                ready.set_result(client)
                 await stop.wait()
         except asyncio.CancelledError:
             if not ready.done():
@@ -695,6 +723,10 @@ class _Connection:
         if not done:
             logger.warning("MCP server %r did not close within %g s; abandoning it", self.name, _CLOSE_TIMEOUT_S)
             holder.cancel()
+
+
+class _ConnectionLost(Exception):
+    """The connection went away while a request was in flight (internal; see ``_request``)."""
 
 
 class _EndWatch:
