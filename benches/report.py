@@ -30,6 +30,8 @@ ROWS = [
         "test_exec_trivial_idle_by_catalog_size[10k-tools]",
         "within 0.1 ms of 10",
     ),
+    ("10 `MCP.everything.getSum()` calls in one cell (median)", "test_mcp_ten_calls_through_a_cell", ""),
+    ("the same 10 calls with the SDK client directly (median)", "test_mcp_ten_calls_direct_with_the_sdk_client", ""),
     ("pydantic-monty: warm `1 + 1` (median)", "test_monty_trivial_warm_session", ""),
     ("pydantic-monty: 10 external calls, start/resume (median)", "test_monty_toolcalls_start_resume", ""),
 ]
@@ -70,6 +72,13 @@ def table(data: dict) -> str:
     if searches and large:
         derived.append(
             f"one `tools.search` over 10,000 tools in the guest: **{fmt((searches - large) / 200)}** (budget <= 1 ms)"
+        )
+    via_cell = median.get("test_mcp_ten_calls_through_a_cell")
+    direct = median.get("test_mcp_ten_calls_direct_with_the_sdk_client")
+    if via_cell and direct and exec_idle:
+        overhead = (via_cell - exec_idle - direct) / 10
+        derived.append(
+            f"overhead of one `MCP.<server>.<tool>()` call over the SDK client: **{fmt(overhead)}** (budget <= 0.1 ms)"
         )
     extra = by_name.get("test_wait_on_resident_run", {}).get("extra_info", {})
     if "suspended_run_memory_bytes" in extra:

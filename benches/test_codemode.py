@@ -10,7 +10,9 @@ Two views of a warm exec:
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from codemode import CodeMode
@@ -163,3 +165,38 @@ def test_exec_with_200_searches_by_catalog_size(benchmark, sized):
     """Divide (this - trivial exec) by 200 for the cost of one `tools.search` in the guest."""
     result = benchmark.pedantic(sized.exec, args=({"code": SEARCH_CELL},), setup=_pause, rounds=30, warmup_rounds=2)
     assert result["status"] == "completed" and result["value"] > 0
+
+
+@pytest.fixture(scope="module")
+def mcp_session():
+    sys_path = str(Path(__file__).resolve().parent.parent / "tests")
+    if sys_path not in sys.path:
+        sys.path.insert(0, sys_path)
+    mcp_servers = pytest.importorskip("mcp_servers")
+    with CodeMode({"workers": 1, "mcpServers": {"everything": mcp_servers.everything_server()}}) as cm:
+        assert cm.load_mcp_tools() == {"everything": None}
+        s = cm.session("mcp")
+        assert s.exec({"code": "return await MCP.everything.getSum({a: 1, b: 2})"})["status"] == "completed"
+        yield cm, s
+
+
+TEN_MCP = "for (let i = 0; i < 10; i++) await MCP.everything.getSum({a: i, b: 1}); return 1"
+
+
+@pytest.mark.benchmark(group="mcp")
+def test_mcp_ten_calls_through_a_cell(benchmark, mcp_session):
+    _, s = mcp_session
+    assert benchmark.pedantic(s.exec, args=({"code": TEN_MCP},), setup=_pause, rounds=100)["value"] == 1
+
+
+@pytest.mark.benchmark(group="mcp")
+def test_mcp_ten_calls_direct_with_the_sdk_client(benchmark, mcp_session):
+    """The same ten calls through the SDK client (codemode's McpServers wraps mcp.Client)."""
+    cm, _ = mcp_session
+
+    def ten() -> int:
+        for i in range(10):
+            cm._mcp.call_tool("everything", "get-sum", {"a": i, "b": 1})
+        return 1
+
+    assert benchmark.pedantic(ten, setup=_pause, rounds=100) == 1

@@ -117,8 +117,9 @@ def _outputs(raw: list[tuple[int, str]]) -> list[Output]:
 
 
 def _mcp_caller(mcp: McpServers, server: str, tool: str) -> Callable[..., Awaitable[Any]]:
+    # Runs on the MCP client's own loop (the tool's `loop`): no hop through the tools' loop.
     async def call(**arguments: Any) -> Any:
-        return await mcp.acall_tool(server, tool, arguments)
+        return await mcp.call_tool_here(server, tool, arguments)
 
     return call
 
@@ -201,6 +202,7 @@ class CodeMode:
                             description=info.description,
                             label=info.title,
                             input_schema=info.input_schema,
+                            loop=mcp.event_loop,
                         )
                     )
                 self._mcp_loaded[server] = None

@@ -66,6 +66,8 @@ class Tool(msgspec.Struct, frozen=True, kw_only=True):
     output_hint: str | None = None
     fields: tuple[str, ...] = ()
     check_output: Callable[[Any], str | None] | None = None
+    #: The event loop an async tool must run on (MCP tools: their client's loop), if not the run's.
+    loop: Callable[[], asyncio.AbstractEventLoop] | None = None
 
     def entry(self) -> dict[str, Any]:
         """The catalog entry the worker serves: compact fields, schemas, and search text."""
@@ -96,6 +98,7 @@ def define_tool(
     direct_only: bool = False,
     input_schema: dict[str, Any] | None = None,
     output_schema: dict[str, Any] | None = None,
+    loop: Callable[[], asyncio.AbstractEventLoop] | None = None,
 ) -> Tool:
     """Builds a ``Tool``: schemas from explicit arguments or the function's type hints.
 
@@ -141,6 +144,7 @@ def define_tool(
         output_hint=catalog.output_hint(output_schema) if trusted else None,
         fields=tuple(catalog.search_fields(input_schema, output_schema)) if trusted else (),
         check_output=catalog.compile_output_validator(output_schema) if trusted and output_schema else None,
+        loop=loop,
     )
 
 
@@ -486,7 +490,7 @@ class Dispatcher:
                 value = await value
             return self._finish(call_id, tool, value)
 
-        self._start(call_id, tool.id, call)
+        self._start(call_id, tool.id, call, tool.loop)
 
     def _start_coroutine(self, call_id: int, label: str, make: Callable[[], Awaitable[Any]]) -> None:
         async def call() -> tuple[int, bool, str]:
@@ -498,7 +502,13 @@ class Dispatcher:
 
         self._start(call_id, label, call)
 
-    def _start(self, call_id: int, label: str, call: Callable[[], Awaitable[tuple[int, bool, str]]]) -> None:
+    def _start(
+        self,
+        call_id: int,
+        label: str,
+        call: Callable[[], Awaitable[tuple[int, bool, str]]],
+        loop: Callable[[], asyncio.AbstractEventLoop] | None = None,
+    ) -> None:
         started = time.perf_counter()
 
         async def guarded() -> tuple[int, bool, str]:
@@ -508,7 +518,7 @@ class Dispatcher:
                 return (call_id, False, _error_message(label, e))
 
         _ = self.wake_fd  # created here, on the driving thread, before any callback can need it
-        future = asyncio.run_coroutine_threadsafe(guarded(), self._loop())
+        future = asyncio.run_coroutine_threadsafe(guarded(), (loop or self._loop)())
         with self._lock:
             self._futures[call_id] = future
         future.add_done_callback(lambda f: self._finished(call_id, label, started, f))
