@@ -130,3 +130,11 @@ def test_codemode_serve_exposes_exec_and_wait_to_an_mcp_client(tmp_path: Path):
     assert result["status"] == "completed"
     assert result["value"] == "UTC"
     assert "tools.search" in description
+
+
+def test_a_server_that_cannot_start_gives_a_clear_error_and_the_host_keeps_working(make_codemode):
+    cm = make_codemode({"workers": 1, "mcpServers": {"broken": {"command": "/nonexistent/mcp-server"}}})
+    s = cm.session()
+    message = value(s, "try { await MCP.broken.anything({}); return 'ran' } catch (e) { return e.message }")
+    assert "broken" in message and "unavailable" in message
+    assert value(s, "return 40 + 2") == 42

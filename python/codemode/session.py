@@ -37,6 +37,8 @@ __all__ = ["CodeMode", "Completed", "Failed", "JsonOutput", "Result", "Session",
 F = TypeVar("F", bound=Callable[..., Any])
 
 MODEL_VISIBLE_TOOLS = ("exec", "wait")
+#: How long an unreachable MCP server is left alone before an exec tries to list it again.
+MCP_RETRY_S = 10.0
 
 EXEC_PREAMBLE = """Run a JavaScript or TypeScript cell (an async function body: top-level await and return) \
 against the hidden tool catalog. In the cell: `await tools.search(query, {limit})` -> compact entries; \
@@ -161,6 +163,7 @@ class CodeMode:
         self._mcp: McpServers | None = None
         #: MCP servers whose tools are in the registry (or that failed to list: name -> error).
         self._mcp_loaded: dict[str, str | None] = {}
+        self._mcp_failed_at: dict[str, float] = {}
         self._mcp_lock = threading.Lock()
         for name, server in self.config.mcp_servers.items():
             self.add_mcp_server(name, server)
@@ -184,14 +187,21 @@ class CodeMode:
         if mcp is None:
             return {}
         with self._mcp_lock:
+            now = time.monotonic()
             for server in mcp.names():
-                if server in self._mcp_loaded:
+                if server in self._mcp_loaded and (
+                    self._mcp_loaded[server] is None or now - self._mcp_failed_at.get(server, now) < MCP_RETRY_S
+                ):
                     continue
                 try:
                     listed = mcp.list_tools(server)
                 except CodemodeError as e:
                     self._mcp_loaded[server] = str(e)
+                    self._mcp_failed_at[server] = now
+                    self._registry.set_unavailable(server, str(e))
                     continue
+                self._registry.set_unavailable(server, None)
+                self._mcp_failed_at.pop(server, None)
                 for info in listed:
                     self._registry.add(
                         define_tool(
@@ -207,6 +217,16 @@ class CodeMode:
                     )
                 self._mcp_loaded[server] = None
             return dict(self._mcp_loaded)
+
+    def _mcp_stale(self) -> bool:
+        """Servers never listed, or failed long enough ago to try again."""
+        mcp = self._mcp
+        if mcp is None:
+            return False
+        if len(self._mcp_loaded) < len(mcp.names()):
+            return True
+        now = time.monotonic()
+        return any(now - at >= MCP_RETRY_S for at in self._mcp_failed_at.values())
 
     async def _mcp_op(self, server: str, op: str, payload: Any) -> Any:
         mcp = self._mcp
@@ -405,7 +425,7 @@ class CodeMode:
             return checked
         code, language, restart_safe = checked
         session_id, scope = session.session_id, session.scope
-        if self._mcp is not None and len(self._mcp_loaded) < len(self._mcp.names()):
+        if self._mcp is not None and self._mcp_stale():
             self.load_mcp_tools()
         configure, view = self._configuration()
         namespaces_json, namespace_calls = self._namespaces.build(view.tools, session_id)

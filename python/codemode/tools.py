@@ -26,7 +26,7 @@ import msgspec
 
 from . import catalog
 from .errors import ToolDefinitionError
-from .mcp_api import declarations, mcp_names, tool_declaration
+from .mcp_api import camel_ident, declarations, mcp_names, tool_declaration
 from .namespaces import CallTable
 from .policy import Approver, Block, Hook, Policy, Rewrite, ToolCallEvent, Trace, TraceEvent
 
@@ -175,6 +175,17 @@ class ToolRegistry:
         self._lock = threading.Lock()
         self.version = 0
         self._views: dict[Policy, tuple[int, CatalogView]] = {}
+        #: MCP servers that could not be reached: server -> why (the guest gets a clear error).
+        self._unavailable: dict[str, str] = {}
+
+    def set_unavailable(self, server: str, reason: str | None) -> None:
+        with self._lock:
+            if reason is None:
+                if self._unavailable.pop(server, None) is not None:
+                    self.version += 1
+            elif self._unavailable.get(server) != reason:
+                self._unavailable[server] = reason
+                self.version += 1
 
     def add(self, tool: Tool) -> Tool:
         with self._lock:
@@ -217,7 +228,14 @@ class ToolRegistry:
                     entry["serverIdent"] = names.servers[tool.owner]
                     entry["declaration"] = tool_declaration(tool, names.tools[tool.id])
                 entries.append(entry)
-            catalog_json = _encode({"tools": entries, "api": declarations(mcp, names) if mcp else {}}).decode()
+            unavailable = {
+                server: {"ident": camel_ident(server), "reason": reason}
+                for server, reason in sorted(self._unavailable.items())
+                if server not in names.servers
+            }
+            catalog_json = _encode(
+                {"tools": entries, "api": declarations(mcp, names) if mcp else {}, "mcpUnavailable": unavailable}
+            ).decode()
             fingerprint = hashlib.blake2b(catalog_json.encode(), digest_size=16).hexdigest()
             counts = {"host": 0, "mcp": 0, "client": 0}
             for tool in tools.values():

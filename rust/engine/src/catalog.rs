@@ -77,8 +77,8 @@ impl Catalog {
     /// parameters?, outputSchema?, fields?}`; MCP tools add `ident`, `serverIdent`, `declaration`.
     pub fn from_json(json: &str) -> Result<Catalog, String> {
         let value: Value = serde_json::from_str(json).map_err(|e| format!("catalog is not valid JSON: {e}"))?;
-        let (items, api) = match value {
-            Value::Array(items) => (items, Map::new()),
+        let (items, api, unavailable) = match value {
+            Value::Array(items) => (items, Map::new(), Map::new()),
             Value::Object(mut object) => {
                 let items = match object.remove("tools") {
                     Some(Value::Array(items)) => items,
@@ -89,7 +89,11 @@ impl Catalog {
                     None => Map::new(),
                     _ => return Err("catalog.api must be an object".into()),
                 };
-                (items, api)
+                let unavailable = match object.remove("mcpUnavailable") {
+                    Some(Value::Object(unavailable)) => unavailable,
+                    _ => Map::new(),
+                };
+                (items, api, unavailable)
             }
             _ => return Err("catalog must be a JSON array or object".into()),
         };
@@ -101,7 +105,9 @@ impl Catalog {
             entries.push(object);
         }
         let api = api.into_iter().filter_map(|(k, v)| v.as_str().map(|text| (k, text.to_owned()))).collect();
-        Ok(Catalog::from_entries(entries, api))
+        let mut catalog = Catalog::from_entries(entries, api);
+        catalog.add_unavailable_servers(unavailable);
+        Ok(catalog)
     }
 
     fn from_entries(objects: Vec<Map<String, Value>>, api: BTreeMap<String, String>) -> Catalog {
@@ -161,7 +167,9 @@ impl Catalog {
                         tools.insert(ident, Value::String(id.clone()));
                     }
                 }
-                mcp_servers.entry(server_ident.clone()).or_insert_with(|| (server.clone(), format!("mcp/{server}.d.ts")));
+                mcp_servers
+                    .entry(server_ident.clone())
+                    .or_insert_with(|| (server.clone(), format!("mcp/{server}.d.ts")));
                 mcp_api = Some((server_ident, declaration, schema));
             }
             by_id.entry(id.clone()).or_insert(position);
@@ -196,6 +204,21 @@ impl Catalog {
             api,
             mcp_servers,
         }
+    }
+
+    /// Servers that could not be reached appear in `MCP` as objects whose calls reject with the
+    /// reason: a clear error instead of `undefined is not a function`.
+    fn add_unavailable_servers(&mut self, unavailable: Map<String, Value>) {
+        if unavailable.is_empty() {
+            return;
+        }
+        let Ok(Value::Object(mut view)) = serde_json::from_str::<Value>(&self.mcp_json) else { return };
+        for (server, info) in unavailable {
+            let ident = info.get("ident").and_then(Value::as_str).unwrap_or(server.as_str()).to_owned();
+            let reason = info.get("reason").and_then(Value::as_str).unwrap_or("unavailable").to_owned();
+            view.entry(ident).or_insert_with(|| serde_json::json!({"server": server, "unavailable": reason}));
+        }
+        self.mcp_json = Value::Object(view).to_string();
     }
 
     /// The guest's `MCP` object description.
@@ -234,7 +257,9 @@ impl Catalog {
         for entry in &self.entries {
             let Some((entry_server, declaration, parameters)) = &entry.mcp_api else { continue };
             let name = entry.id.rsplit(':').next().unwrap_or_default();
-            if entry_server != server_ident || !(declaration.contains(&format!("function {tool_ident}(")) || name == tool_ident) {
+            if entry_server != server_ident
+                || !(declaration.contains(&format!("function {tool_ident}(")) || name == tool_ident)
+            {
                 continue;
             }
             let mut header = serde_json::json!({"server": server, "tool": name, "declaration": declaration});

@@ -709,7 +709,9 @@ fn install_prelude<'js>(
             ctx.clone(),
             move |ctx: Ctx<'js>, server: String, tool: Option<String>, schema: bool| -> rquickjs::Result<String> {
                 let st = mcp_api_state.borrow();
-                st.catalog.mcp_api_json(&server, tool.as_deref(), schema).map_err(|e| Exception::throw_message(&ctx, &e))
+                st.catalog
+                    .mcp_api_json(&server, tool.as_deref(), schema)
+                    .map_err(|e| Exception::throw_message(&ctx, &e))
             },
         )?,
     )?;

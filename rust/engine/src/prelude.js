@@ -222,7 +222,19 @@
   const hostApiRead = host.apiRead;
   const hostMcpApi = host.mcpApi;
 
+  function unavailableServer(info) {
+    const fail = () => PromiseCtor.reject(new ErrorCtor(info.unavailable));
+    const group = ObjectFreeze({ list: fail, read: fail, get: fail });
+    return new Proxy(ObjectCreate(null), {
+      get: (_, name) => (name === "resources" || name === "prompts" ? group : typeof name === "string" ? fail : undefined),
+      set: () => false,
+      defineProperty: () => false,
+      deleteProperty: () => false,
+    });
+  }
+
   function mcpServer(ident, info) {
+    if (typeof info.unavailable === "string") return unavailableServer(info);
     const server = ObjectCreate(null);
     const toolIdents = ObjectKeys(info.tools);
     for (let i = 0; i < toolIdents.length; i++) {

@@ -58,9 +58,7 @@ struct Catalog {
 impl Catalog {
     #[new]
     fn new(entries_json: &str) -> PyResult<Self> {
-        InnerCatalog::from_json(entries_json)
-            .map(|c| Catalog { inner: Arc::new(c) })
-            .map_err(PyValueError::new_err)
+        InnerCatalog::from_json(entries_json).map(|c| Catalog { inner: Arc::new(c) }).map_err(PyValueError::new_err)
     }
 
     fn __len__(&self) -> usize {
