@@ -138,3 +138,41 @@ def test_a_server_that_cannot_start_gives_a_clear_error_and_the_host_keeps_worki
     message = value(s, "try { await MCP.broken.anything({}); return 'ran' } catch (e) { return e.message }")
     assert "broken" in message and "unavailable" in message
     assert value(s, "return 40 + 2") == 42
+
+
+def test_codemode_serve_over_streamable_http_on_localhost(tmp_path: Path):
+    import socket
+    import subprocess
+    import time
+
+    config = tmp_path / "servers.json"
+    config.write_text(json.dumps({"mcpServers": {"time": time_server()}}))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "codemode.cli", "serve", "--config", str(config), "--http", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+
+        async def call() -> dict[str, Any]:
+            async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+                called = await client.call_tool(
+                    "exec", {"code": "return (await MCP.time.getCurrentTime({timezone: 'UTC'})).isError"}
+                )
+                return json.loads("".join(getattr(block, "text", "") for block in called.content))
+
+        result = asyncio.run(call())
+        assert result["status"] == "completed"
+        assert result["value"] is False
+    finally:
+        proc.terminate()
+        proc.wait(10)
