@@ -6,7 +6,8 @@ __all__ = ["PRELUDE_HASH", "YIELD_TOOL", "Catalog", "Engine", "EngineInitError",
 
 #: ``(code, name, message, stack)`` of a failed run; ``code`` is None for a guest exception.
 _Failure: TypeAlias = tuple[str | None, str, str, str]
-#: ``(status, value_json, failure, outputs, calls, clock_reads, in_flight, memory_bytes, searches, describes)``
+#: ``(status, value_json, failure, outputs, calls, clock_reads, in_flight, memory_bytes, searches, describes,
+#: store_writes)``
 _Outcome: TypeAlias = tuple[
     str,
     str | None,
@@ -18,6 +19,7 @@ _Outcome: TypeAlias = tuple[
     int,
     int,
     int,
+    str | None,
 ]
 
 __version__: str
@@ -28,9 +30,10 @@ class EngineInitError(RuntimeError): ...
 
 @final
 class Catalog:
-    def __new__(cls, entries_json: str) -> Catalog: ...
+    def __new__(cls, entries_json: str, include_mcp: bool = False) -> Catalog: ...
     def __len__(self) -> int: ...
     def search(self, query: str, limit: int) -> str: ...
+    def describe(self, id_or_name: str) -> str | None: ...
 
 @final
 class Engine:
@@ -46,9 +49,7 @@ class Engine:
         search_default_limit: int = ...,
         max_search_limit: int = ...,
     ) -> Engine: ...
-    def start(
-        self, source: str, language: str, timeout_ms: float, seed: int, namespaces_json: str = "[]"
-    ) -> _Outcome: ...
+    def start(self, source: str, language: str, timeout_ms: float, seed: int, run_json: str = "{}") -> _Outcome: ...
     def settle(self, results: list[tuple[int, bool, str]], timeout_ms: float) -> _Outcome: ...
     def replay_clock(self, readings: list[float]) -> None: ...
     def memory_bytes(self) -> int: ...

@@ -64,7 +64,7 @@ class Worker:
                     engine = self.build()
             except EngineInitError as e:
                 return Fault(frame.run, str(e))
-            outcome = engine.start(frame.source, frame.language, frame.timeout_ms, frame.seed, frame.namespaces_json)
+            outcome = engine.start(frame.source, frame.language, frame.timeout_ms, frame.seed, frame.run_json)
             if outcome[0] == "pending":
                 self.resident[frame.run] = engine
             else:
@@ -104,19 +104,19 @@ class Worker:
         except EngineInitError as e:
             return Fault(start.run, str(e))
         engine.replay_clock(frame.clock_reads)
-        outcome = engine.start(start.source, start.language, start.timeout_ms, start.seed, start.namespaces_json)
+        outcome = engine.start(start.source, start.language, start.timeout_ms, start.seed, start.run_json)
         calls = list(outcome[4])
         for batch in frame.batches:
             if outcome[0] != "pending":
                 break
             outcome = engine.settle(batch, start.timeout_ms)
             calls.extend(outcome[4])
-        status, value, failure, _outputs, _calls, _clock, in_flight, memory, _searches, _describes = outcome
+        status, value, failure, _outputs, _calls, _clock, in_flight, memory, _searches, _describes, writes = outcome
         if status == "pending":
             self.resident[start.run] = engine
         else:
             self.retired = engine
-        return Report(start.run, status, value, failure, [], calls, [], in_flight, memory, 0, 0)
+        return Report(start.run, status, value, failure, [], calls, [], in_flight, memory, 0, 0, writes)
 
     def idle(self) -> None:
         """Work done between frames: free the last engine, build the next one."""

@@ -172,8 +172,8 @@ class Namespaces:
             out.append(f"- {reg.global_name}: {reg.description}" + (f" {reg.prompt}" if reg.prompt else ""))
         return out
 
-    def build(self, tools: Mapping[str, Any], session_id: str) -> tuple[str, CallTable]:
-        """The run's namespace descriptors (JSON for the engine) and its call table."""
+    def build(self, tools: Mapping[str, Any], session_id: str) -> tuple[list[dict[str, Any]], CallTable]:
+        """The run's namespace descriptors (for the engine) and its call table."""
         descriptors: list[dict[str, Any]] = []
         table: CallTable = {}
         for item in self.visible(tools):
@@ -199,6 +199,4 @@ class Namespaces:
                     "scope": scope,
                 }
             )
-        if not descriptors:
-            return "[]", table
-        return msgspec.json.encode(descriptors).decode(), table
+        return descriptors, table

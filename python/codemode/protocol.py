@@ -64,8 +64,8 @@ class Start(msgspec.Struct, tag="start", array_like=True):
     language: str
     timeout_ms: float
     seed: int
-    #: The run's namespace descriptors (JSON array; ``[]`` when none is visible).
-    namespaces_json: str = "[]"
+    #: The run's setup: ``{"namespaces"?: [...], "store"?: {key: json}}`` (``{}`` for none).
+    run_json: str = "{}"
 
 
 class Settle(msgspec.Struct, tag="settle", array_like=True):
@@ -110,6 +110,8 @@ class Report(msgspec.Struct, tag="report", array_like=True):
     memory_bytes: int
     searches: int
     describes: int
+    #: On completion: the cell's ``store`` writes, ``{key: json | null}``.
+    store_writes: str | None
 
 
 class Fault(msgspec.Struct, tag="fault", array_like=True):

@@ -60,7 +60,7 @@ class Journal(msgspec.Struct, kw_only=True):
     language: str
     source: str
     seed: int
-    namespaces_json: str = "[]"
+    run_json: str = "{}"
     restart_safe: bool = False
     session_id: str = ""
     calls: list[JournalCall] = msgspec.field(default_factory=list)
@@ -92,8 +92,10 @@ class Run:
         "engine_run",
         "expires_at",
         "journal",
+        "output_chars",
         "run_id",
         "session_id",
+        "timeout_ms",
         "worker",
         "yields",
     )
@@ -113,6 +115,9 @@ class Run:
         self.expires_at = 0.0
         #: Cumulative over the run's exec and waits: tool calls, searches, describes.
         self.counts = [0, 0, 0]
+        #: From the cell's ``// @options``: the text budget, and the wall clock of each call.
+        self.output_chars: int | None = None
+        self.timeout_ms = 10_000
 
     def pending_calls(self) -> list[dict[str, Any]]:
         """The spec's ``pendingToolCalls``: calls made and not yet settled, oldest first."""

@@ -11,6 +11,8 @@ import asyncio
 import itertools
 import os
 import random
+import re
+import select
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -19,15 +21,17 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 import msgspec
 
 from . import _engine
+from ._engine import Catalog
 from .catalog import quick_index
-from .config import CodeModeConfig, load_config
-from .errors import ClosedError, CodemodeError
+from .config import BOUNDS, CodeModeConfig, load_config
+from .errors import ClosedError, CodemodeError, ConfigError
 from .namespaces import NamespaceRegistration, Namespaces
 from .policy import Approver, Hook, Policy, Trace, TraceEvent
 from .protocol import Configure, EngineLimits
 from .runs import TOO_MANY, Journal, Run, RunLookupError, RunTable
 from .supervisor import Step, Supervisor
-from .tools import BackgroundLoop, CatalogView, Dispatcher, Gate, Tool, ToolRegistry, define_tool
+from .surfaces import SURFACES, ModelTool, Surface, control_tools, directory_listing, payload_bytes
+from .tools import MCP_TOOL, BackgroundLoop, CatalogView, Dispatcher, Gate, Tool, ToolRegistry, define_tool
 
 if TYPE_CHECKING:
     from .mcp import McpServers
@@ -58,7 +62,12 @@ class JsonOutput(msgspec.Struct, tag="json", tag_field="type"):
     value: Any
 
 
-Output = TextOutput | JsonOutput
+class ImageOutput(msgspec.Struct, tag="image", tag_field="type", rename="camel"):
+    mime_type: str
+    data: str
+
+
+Output = TextOutput | JsonOutput | ImageOutput
 
 
 class Telemetry(msgspec.Struct, rename="camel"):
@@ -108,14 +117,74 @@ _LOG_PREFIX = {2: "", 3: "", 4: "[warn] ", 5: "[error] "}
 _decode_json = msgspec.json.decode
 
 
-def _outputs(raw: list[tuple[int, str]]) -> list[Output]:
+def _outputs(raw: list[tuple[int, str]], max_chars: int | None = None) -> list[Output]:
     out: list[Output] = []
     for kind, text in raw:
         if kind == 1:
             out.append(JsonOutput(_decode_json(text)))
+        elif kind == 6:
+            mime, _, data = text.partition(";")
+            out.append(ImageOutput(mime, data))
         else:
             out.append(TextOutput(_LOG_PREFIX.get(kind, "") + text))
-    return out
+    return out if max_chars is None else _truncate(out, max_chars)
+
+
+def _truncate(outputs: list[Output], budget: int) -> list[Output]:
+    """Keeps the head and the tail of the text outputs within ``budget`` characters and says
+    what was cut in between (``// @options: {"max_output_tokens": N}``; ~4 characters a token)."""
+    total = sum(len(o.text) for o in outputs if isinstance(o, TextOutput))
+    if total <= budget:
+        return outputs
+    head_left, tail_left = budget // 2, budget - budget // 2
+    kept_head: list[Output] = []
+    kept_tail: list[Output] = []
+    for output in outputs:
+        if not isinstance(output, TextOutput):
+            kept_head.append(output)
+        elif head_left > 0:
+            kept_head.append(TextOutput(output.text[:head_left]))
+            head_left -= len(kept_head[-1].text)  # type: ignore[union-attr]
+    for output in reversed(outputs):
+        if isinstance(output, TextOutput) and tail_left > 0:
+            piece = output.text[-tail_left:]
+            kept_tail.insert(0, TextOutput(piece))
+            tail_left -= len(piece)
+    note = TextOutput(f"[… {total - budget} characters of output cut by max_output_tokens …]")
+    return [*kept_head, note, *kept_tail]
+
+
+_PRAGMA = re.compile(r"^\s*//\s*@(options|exec):\s*(\{.*\})\s*$")
+
+
+class CellOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The first-line pragma ``// @options: {...}`` (or ``// @exec: {...}``)."""
+
+    timeout_ms: int | None = None
+    max_output_tokens: int | None = None
+
+
+def _cell_options(code: str) -> CellOptions | str:
+    """The pragma of ``code``'s first line, or an error message; no pragma gives defaults."""
+    first = code.split("\n", 1)[0]
+    match = _PRAGMA.match(first)
+    if match is None:
+        return CellOptions()
+    try:
+        options = msgspec.json.decode(match.group(2), type=CellOptions)
+    except msgspec.DecodeError as e:
+        return f"invalid // @{match.group(1)} pragma: {e}"
+    if options.timeout_ms is not None and not 0 < options.timeout_ms <= 2_147_483_647:
+        return "// @options timeout_ms must be a positive integer"
+    if options.max_output_tokens is not None and options.max_output_tokens < 0:
+        return "// @options max_output_tokens must be a non-negative integer"
+    return options
+
+
+def _provider_name(name: str) -> str:
+    """Tool names providers accept: ``[A-Za-z0-9_-]{1,64}``."""
+    cleaned = re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64]
+    return cleaned or "tool"
 
 
 def _mcp_caller(mcp: McpServers, server: str, tool: str) -> Callable[..., Awaitable[Any]]:
@@ -160,6 +229,7 @@ class CodeMode:
         self._runs = RunTable(self.config.snapshot_ttl_seconds)
         self._sweeper: threading.Thread | None = None
         self._sweep_stop = threading.Event()
+        self._host_catalog: tuple[str, Catalog] | None = None
         self._mcp: McpServers | None = None
         #: MCP servers whose tools are in the registry (or that failed to list: name -> error).
         self._mcp_loaded: dict[str, str | None] = {}
@@ -319,6 +389,93 @@ class CodeMode:
             text += "\nNamespaces (globals in the cell):\n" + "\n".join(prompts)
         return text
 
+    # ---- model-facing surfaces ---------------------------------------------------------------------
+    def model_tools(self, surface: Surface = "code", *, disable_tools: bool = False) -> list[ModelTool]:
+        """The tool definitions to hand the model for ``surface`` (see ``codemode.surfaces``).
+
+        A disabled config keeps the direct surface untouched; a run with tools disabled gets no
+        tools; a run whose catalog is empty never engages code mode or tool search.
+        """
+        if surface not in SURFACES:
+            raise ConfigError(f"unknown surface {surface!r}; one of {', '.join(SURFACES)}")
+        if disable_tools:
+            return []
+        view = self.catalog()
+        direct_only = [
+            ModelTool(t.name, t.description, t.input_schema or {"type": "object"})
+            for t in self._registry.all()
+            if t.direct_only and t.name in view.direct
+        ]
+        if not self.config.enabled or not view.tools or surface == "direct":
+            return [*self._direct_tools(view).values(), *direct_only]
+        directory = ""
+        if surface == "directory":
+            directory = directory_listing([(t.id, t.description) for t in view.tools.values()])
+        return [*control_tools(surface, self.exec_description(), directory), *direct_only]
+
+    def payload_telemetry(self) -> dict[str, int]:
+        """Serialized bytes of the tool definitions each surface sends the model."""
+        return {surface: payload_bytes(self.model_tools(surface)) for surface in SURFACES}
+
+    def _direct_tools(self, view: CatalogView) -> dict[str, ModelTool]:
+        """Every catalog tool as its own definition, under a provider-safe unique name."""
+        out: dict[str, ModelTool] = {}
+        for tool in view.tools.values():
+            name = _provider_name(tool.name)
+            if name in out:
+                name = _provider_name(f"{tool.owner}__{tool.name}")
+            out[name] = ModelTool(name, tool.description, tool.input_schema or {"type": "object"})
+        return out
+
+    def _direct_target(self, name: str) -> str | None:
+        """The catalog id behind a direct-surface tool name (or a direct-only tool)."""
+        view = self.catalog()
+        for tool in self._registry.all():
+            if tool.direct_only and tool.name == name and name in view.direct:
+                return tool.id
+        by_name = {n: t.id for n, t in zip(self._direct_tools(view), view.tools.values(), strict=True)}
+        return by_name.get(name)
+
+    def _search_catalog(self) -> Catalog:
+        """The run catalog for the structured tool-search surface (MCP tools included, by id)."""
+        view = self.catalog()
+        cached = self._host_catalog
+        if cached is None or cached[0] != view.fingerprint:
+            cached = self._host_catalog = (view.fingerprint, Catalog(view.catalog_json, include_mcp=True))
+        return cached[1]
+
+    def call_tool(self, session: Session, tool_id: str, args: Any) -> dict[str, Any]:
+        """Calls one catalog (or direct-only) tool from the host, through the same gate as a
+        nested call; returns ``{tool, result}`` or ``{tool, error}``."""
+        view = self.catalog()
+        registry_tool = self._registry.get(tool_id)
+        if registry_tool is not None and registry_tool.direct_only and registry_tool.name in view.direct:
+            view = msgspec.structs.replace(view, tools={**view.tools, tool_id: registry_tool})
+        dispatcher = Dispatcher(
+            view, self._loop.get, session_id=session.session_id, gate=self._gate, mcp_ops=self._mcp_op
+        )
+        dispatcher.parent = f"call_{next(self._call_ids)}"
+        tool = view.tools.get(tool_id)
+        payload = msgspec.json.encode(args if args is not None else {}).decode()
+        if tool is not None and tool.source == "mcp":
+            dispatcher.submit([(1, MCP_TOOL, msgspec.json.encode({"id": tool_id, "input": args or {}}).decode())])
+        else:
+            dispatcher.submit([(1, tool_id, payload)])
+        deadline = time.monotonic() + self.config.timeout_ms / 1000.0
+        try:
+            results = dispatcher.take_ready()
+            while not results and dispatcher.pending() and time.monotonic() < deadline:
+                poller = select.poll()
+                poller.register(dispatcher.wake_fd, select.POLLIN)
+                poller.poll(max(1.0, (deadline - time.monotonic()) * 1000.0))
+                results = dispatcher.take_ready()
+        finally:
+            dispatcher.close()
+        if not results:
+            return {"tool": tool_id, "error": "tool call timed out"}
+        _, ok, text = results[0]
+        return {"tool": tool_id, "result": _decode_json(text)} if ok else {"tool": tool_id, "error": text}
+
     def trace(self, session_id: str | None = None) -> list[dict[str, Any]]:
         """Exported trace events: code-mode calls and the nested tool calls under them."""
         return self._trace.export(session_id)
@@ -394,7 +551,7 @@ class CodeMode:
     def _invalid(self, started: float, message: str) -> Failed:
         return Failed(error=message, code="invalid_input", telemetry=self._telemetry(started, None))
 
-    def _check_args(self, started: float, args: Any) -> tuple[str, str, bool] | Failed:
+    def _check_args(self, started: float, args: Any) -> tuple[str, str, bool, CellOptions] | Failed:
         if not isinstance(args, dict):
             return self._invalid(started, "exec input must be an object with a `code` string.")
         code = args.get("code")
@@ -413,7 +570,10 @@ class CodeMode:
         restart_safe = args.get("restartSafe", False)
         if not isinstance(restart_safe, bool):
             return self._invalid(started, "exec `restartSafe` must be a boolean.")
-        return code, language, restart_safe
+        options = _cell_options(code)
+        if isinstance(options, str):
+            return self._invalid(started, options)
+        return code, language, restart_safe, options
 
     def _exec(self, session: Session, args: Any, loop: Callable[[], asyncio.AbstractEventLoop]) -> Result:
         started = time.perf_counter()
@@ -423,12 +583,19 @@ class CodeMode:
         checked = self._check_args(started, args)
         if isinstance(checked, Failed):
             return checked
-        code, language, restart_safe = checked
+        code, language, restart_safe, options = checked
         session_id, scope = session.session_id, session.scope
+        timeout_ms = self.config.timeout_ms
+        if options.timeout_ms is not None:
+            low, high = BOUNDS["timeout_ms"]
+            timeout_ms = min(max(options.timeout_ms, low), high)
         if self._mcp is not None and self._mcp_stale():
             self.load_mcp_tools()
         configure, view = self._configuration()
-        namespaces_json, namespace_calls = self._namespaces.build(view.tools, session_id)
+        namespaces, namespace_calls = self._namespaces.build(view.tools, session_id)
+        run_setup: dict[str, Any] = {}
+        if namespaces:
+            run_setup["namespaces"] = namespaces
         journal = Journal(
             engine_version=_engine.__version__,
             prelude_hash=_engine.PRELUDE_HASH,
@@ -437,7 +604,7 @@ class CodeMode:
             language=language,
             source=code,
             seed=random.getrandbits(63),
-            namespaces_json=namespaces_json,
+            run_json=msgspec.json.encode(run_setup).decode() if run_setup else "{}",
             restart_safe=restart_safe,
             session_id=scope,
         )
@@ -452,7 +619,10 @@ class CodeMode:
         )
         run = Run(scope, journal, dispatcher)
         dispatcher.parent = f"exec_{next(self._call_ids)}"
-        step = self._supervisor.start(run, configure, self.config.timeout_ms)
+        if options.max_output_tokens is not None:
+            run.output_chars = options.max_output_tokens * 4
+        run.timeout_ms = timeout_ms
+        step = self._supervisor.start(run, configure, timeout_ms)
         return self._finish(run, step, started, "exec")
 
     def _wait(self, session: Session, args: Any) -> Result:
@@ -472,7 +642,7 @@ class CodeMode:
             # A replay must see the catalog the run started with; the journal records which.
             configure = self._configure_for(run)
         run.dispatcher.parent = f"wait_{next(self._call_ids)}"
-        step = self._supervisor.resume(run, configure, self.config.timeout_ms)
+        step = self._supervisor.resume(run, configure, run.timeout_ms)
         return self._finish(run, step, started, "wait")
 
     def _configure_for(self, run: Run) -> Configure:
@@ -497,7 +667,7 @@ class CodeMode:
         return result
 
     def _result(self, run: Run, step: Step, telemetry: Telemetry) -> Result:
-        output = _outputs(step.outputs)
+        output = _outputs(step.outputs, run.output_chars)
         if step.status == "suspended":
             if step.memory_bytes > self.config.max_snapshot_bytes:
                 self._retire(run)
@@ -590,6 +760,7 @@ class CodeMode:
             namespace_calls=namespace_calls,
         )
         run = Run(session_id, journal, dispatcher)
+        run.timeout_ms = self.config.timeout_ms
         journal.session_id = session_id
         settled = journal.settled_ids()
         redo = [
@@ -648,6 +819,37 @@ class Session:
         """Aborts every suspended run of this session."""
         for run in self.codemode._runs.of_session(self.scope):
             self.codemode.cancel(self.scope, run.run_id)
+
+    def model_tools(self, surface: Surface = "code", *, disable_tools: bool = False) -> list[ModelTool]:
+        """The model-facing tool definitions for ``surface``."""
+        return self.codemode.model_tools(surface, disable_tools=disable_tools)
+
+    def handle(self, name: str, args: dict[str, Any] | None) -> dict[str, Any]:
+        """Dispatches any model tool call of any surface and returns its JSON result."""
+        args = args if isinstance(args, dict) else {}
+        cm = self.codemode
+        if name == "exec":
+            return self.exec(args)
+        if name == "wait":
+            return self.wait(args)
+        if name == "tool_search_code":
+            return self.exec({"code": args.get("code"), "language": "javascript"})
+        if name == "tool_search":
+            query = args.get("query")
+            limit = args.get("limit", cm.config.search_default_limit)
+            if not isinstance(query, str) or not isinstance(limit, int):
+                return {"error": "tool_search needs a `query` string and an optional integer `limit`"}
+            limit = min(max(limit, 1), cm.config.max_search_limit)
+            return {"results": msgspec.json.decode(cm._search_catalog().search(query, limit))}
+        if name == "tool_describe":
+            found = cm._search_catalog().describe(str(args.get("id", "")))
+            return msgspec.json.decode(found) if found is not None else {"error": f"unknown tool: {args.get('id')}"}
+        if name == "tool_call":
+            return cm.call_tool(self, str(args.get("id", "")), args.get("args", {}))
+        target = cm._direct_target(name)
+        if target is not None:
+            return cm.call_tool(self, target, args)
+        return {"error": f"unknown tool: {name}"}
 
     async def exec_async(self, args: dict[str, Any]) -> dict[str, Any]:
         """``exec`` without blocking the event loop; async tools run on this loop."""

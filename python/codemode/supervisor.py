@@ -171,6 +171,7 @@ class Step(msgspec.Struct):
     value: str | None = None
     failure: tuple[str | None, str, str, str] | None = None
     reason: str = ""  # when suspended: pending_tools | yield
+    store_writes: str | None = None
     outputs: list[tuple[int, str]] = msgspec.field(default_factory=list)
     tool_calls: int = 0
     searches: int = 0
@@ -286,7 +287,7 @@ class Supervisor:
         journal = run.journal
         run.engine_run = next(self._run_ids)
         start = Start(
-            run.engine_run, journal.source, journal.language, float(timeout_ms), journal.seed, journal.namespaces_json
+            run.engine_run, journal.source, journal.language, float(timeout_ms), journal.seed, journal.run_json
         )
         step = Step()
         for attempt in range(2):
@@ -367,7 +368,7 @@ class Supervisor:
         journal = run.journal
         run.engine_run = next(self._run_ids)
         start = Start(
-            run.engine_run, journal.source, journal.language, float(timeout_ms), journal.seed, journal.namespaces_json
+            run.engine_run, journal.source, journal.language, float(timeout_ms), journal.seed, journal.run_json
         )
         frame = Replay(start, journal.batches, journal.clock_reads)
         worker = self._hand_over(configure, frame, step)
@@ -478,7 +479,7 @@ class Supervisor:
             step.memory_bytes = frame.memory_bytes
             journal.clock_reads.extend(frame.clock_reads)
             if frame.status == "completed":
-                step.status, step.value = "completed", frame.value
+                step.status, step.value, step.store_writes = "completed", frame.value, frame.store_writes
                 return
             if frame.status == "failed":
                 step.status, step.failure = "failed", frame.failure

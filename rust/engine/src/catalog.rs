@@ -69,13 +69,19 @@ fn text(object: &Map<String, Value>, key: &str) -> Option<String> {
 impl Catalog {
     /// An empty catalog (a host without tools).
     pub fn empty() -> Catalog {
-        Catalog::from_entries(Vec::new(), BTreeMap::new())
+        Catalog::from_entries(Vec::new(), BTreeMap::new(), false)
     }
 
     /// Parses the host's catalog: `{"tools": [...], "api": {path: text}}` (or just the tools
     /// array). A tool is `{id, name, description, source, input, label?, sourceName?, output?,
     /// parameters?, outputSchema?, fields?}`; MCP tools add `ident`, `serverIdent`, `declaration`.
     pub fn from_json(json: &str) -> Result<Catalog, String> {
+        Catalog::from_json_with(json, false)
+    }
+
+    /// `include_mcp`: MCP tools are searched, described and listed like the others (the host's
+    /// tool-search surface, where they are called by id; code mode keeps them to `MCP.*`).
+    pub fn from_json_with(json: &str, include_mcp: bool) -> Result<Catalog, String> {
         let value: Value = serde_json::from_str(json).map_err(|e| format!("catalog is not valid JSON: {e}"))?;
         let (items, api, unavailable) = match value {
             Value::Array(items) => (items, Map::new(), Map::new()),
@@ -105,12 +111,12 @@ impl Catalog {
             entries.push(object);
         }
         let api = api.into_iter().filter_map(|(k, v)| v.as_str().map(|text| (k, text.to_owned()))).collect();
-        let mut catalog = Catalog::from_entries(entries, api);
+        let mut catalog = Catalog::from_entries(entries, api, include_mcp);
         catalog.add_unavailable_servers(unavailable);
         Ok(catalog)
     }
 
-    fn from_entries(objects: Vec<Map<String, Value>>, api: BTreeMap<String, String>) -> Catalog {
+    fn from_entries(objects: Vec<Map<String, Value>>, api: BTreeMap<String, String>, include_mcp: bool) -> Catalog {
         let mut mcp_view = Map::new();
         let mut mcp_servers = HashMap::new();
         let mut entries = Vec::with_capacity(objects.len());
@@ -122,7 +128,7 @@ impl Catalog {
         for (position, object) in objects.into_iter().enumerate() {
             let id = text(&object, "id").unwrap_or_default();
             let name = text(&object, "name").unwrap_or_default();
-            let mcp = object.get("source").and_then(Value::as_str) == Some("mcp");
+            let mcp = !include_mcp && object.get("source").and_then(Value::as_str) == Some("mcp");
             let mut compact = Map::new();
             for key in ["id", "name", "label", "description", "source", "sourceName", "input", "output"] {
                 if let Some(v) = object.get(key) {

@@ -24,6 +24,9 @@ use crate::limits::{Abort, Flags, Limits};
 
 const PRELUDE_SOURCE: &str = include_str!("prelude.js");
 
+/// Output calls (`text`, `json`, `console.*`, `image`) one run may make (seed 002's bound).
+pub const MAX_OUTPUT_CALLS: usize = 100_000;
+
 /// The tool id of a `yield_control(reason)` call: the host suspends the run and settles it on `wait`.
 pub const YIELD_TOOL: &str = "\u{0}yield";
 
@@ -81,6 +84,12 @@ impl Failure {
                 "OutputLimitError",
                 format!("code mode output exceeded maxOutputBytes ({} bytes).", limits.max_output_bytes),
             ),
+            Abort::OutputCalls => Failure::new(
+                ErrorCode::OutputLimitExceeded,
+                "OutputLimitError",
+                format!("code mode output exceeded {MAX_OUTPUT_CALLS} text/json/console/image calls."),
+            ),
+            Abort::Exit => Failure::new(ErrorCode::InternalError, "Error", "exit() is not a failure"),
         }
     }
 }
@@ -104,6 +113,8 @@ pub enum OutputKind {
     Info = 3,
     Warn = 4,
     Error = 5,
+    /// `image(dataUrl)`: the text is `mimeType;base64data`.
+    Image = 6,
 }
 
 impl OutputKind {
@@ -115,6 +126,7 @@ impl OutputKind {
             3 => OutputKind::Info,
             4 => OutputKind::Warn,
             5 => OutputKind::Error,
+            6 => OutputKind::Image,
             _ => return None,
         })
     }
@@ -160,6 +172,8 @@ pub struct Outcome {
     pub searches: u32,
     /// `tools.describe` calls since the previous outcome.
     pub describes: u32,
+    /// On completion: the cell's `store` writes, `{key: json | null}` (null deletes).
+    pub store_writes: Option<String>,
 }
 
 /// Building a runtime failed: the host reports `runtime_unavailable`.
@@ -193,6 +207,7 @@ struct State {
     new_calls: Vec<ToolCall>,
     outputs: Vec<Output>,
     output_bytes: usize,
+    output_calls: usize,
     clock_reads: Vec<f64>,
     /// Readings to serve before the real clock (journal replay), oldest last.
     clock_replay: Vec<f64>,
@@ -204,7 +219,8 @@ struct Internals {
     describe_error: Persistent<Function<'static>>,
     make_error: Persistent<Function<'static>>,
     seed: Persistent<Function<'static>>,
-    install_namespaces: Persistent<Function<'static>>,
+    install_run: Persistent<Function<'static>>,
+    store_writes: Persistent<Function<'static>>,
 }
 
 /// One run's sandbox. Not `Send`: create and use it on one thread.
@@ -321,6 +337,7 @@ impl Engine {
             new_calls: Vec::new(),
             outputs: Vec::new(),
             output_bytes: 0,
+            output_calls: 0,
             clock_reads: Vec::new(),
             clock_replay: Vec::new(),
         }));
@@ -337,15 +354,9 @@ impl Engine {
 
     /// Starts the cell: checks and transpiles the source, then runs it until it completes,
     /// fails, or waits on tool calls. `timeout_ms` is this slice's wall-clock budget;
-    /// `namespaces_json` is the run's namespace descriptors (`[]` for none).
-    pub fn start(
-        &mut self,
-        source: &str,
-        language: Language,
-        timeout_ms: f64,
-        seed: u64,
-        namespaces_json: &str,
-    ) -> Outcome {
+    /// `run_json` is the run's setup from the host (`{}` for none): `{namespaces?: [...],
+    /// store?: {key: json}}` — the plugin namespaces and the committed `store` values.
+    pub fn start(&mut self, source: &str, language: Language, timeout_ms: f64, seed: u64, run_json: &str) -> Outcome {
         if self.started {
             return self.outcome(Status::Failed(Failure::new(
                 ErrorCode::InternalError,
@@ -369,9 +380,9 @@ impl Engine {
         let started = self.context.with(|ctx| -> Result<Persistent<Promise<'static>>, Failure> {
             let seed_fn = internals.seed.clone().restore(&ctx).map_err(|e| internal(&ctx, e))?;
             seed_fn.call::<_, ()>(((seed >> 32) as u32 as i32, seed as u32 as i32)).map_err(|e| internal(&ctx, e))?;
-            if namespaces_json != "[]" {
-                let install = internals.install_namespaces.clone().restore(&ctx).map_err(|e| internal(&ctx, e))?;
-                install.call::<_, ()>((namespaces_json,)).map_err(|e| internal(&ctx, e))?;
+            if run_json != "{}" {
+                let install = internals.install_run.clone().restore(&ctx).map_err(|e| internal(&ctx, e))?;
+                install.call::<_, ()>((run_json,)).map_err(|e| internal(&ctx, e))?;
             }
             let mut options = EvalOptions::default();
             options.global = true;
@@ -395,6 +406,8 @@ impl Engine {
             Err(failure) => {
                 let limits = self.state.borrow().limits;
                 match self.flags.aborted() {
+                    // `exit()` before the first await: a normal end, with its store writes.
+                    Some(Abort::Exit) => self.drive(),
                     Some(why) => self.outcome(Status::Failed(Failure::aborted(why, &limits))),
                     None => self.outcome(Status::Failed(failure)),
                 }
@@ -464,13 +477,18 @@ impl Engine {
             }
         }
         let status = self.conclude();
-        self.outcome(status)
+        let writes = if matches!(status, Status::Completed(_)) { self.store_writes() } else { None };
+        let mut outcome = self.outcome(status);
+        outcome.store_writes = writes;
+        outcome
     }
 
     fn conclude(&mut self) -> Status {
         let limits = self.state.borrow().limits;
-        if let Some(why) = self.flags.aborted() {
-            return Status::Failed(Failure::aborted(why, &limits));
+        match self.flags.aborted() {
+            Some(Abort::Exit) => return Status::Completed("null".into()),
+            Some(why) => return Status::Failed(Failure::aborted(why, &limits)),
+            None => {}
         }
         let Some(cell) = self.cell.clone() else {
             return Status::Failed(Failure::new(ErrorCode::InternalError, "Error", "no cell was started"));
@@ -517,9 +535,20 @@ impl Engine {
         });
         // Describing the error runs guest code (getters); it may have broken a limit itself.
         match self.flags.aborted() {
+            Some(Abort::Exit) => Status::Completed("null".into()),
             Some(why) => Status::Failed(Failure::aborted(why, &limits)),
             None => status,
         }
+    }
+
+    /// The cell's `store` writes, read once it completed (a prelude call: no guest code runs).
+    fn store_writes(&self) -> Option<String> {
+        let store_writes = &self.internals.store_writes;
+        self.context.with(|ctx| {
+            let f = store_writes.clone().restore(&ctx).ok()?;
+            let writes: Option<String> = f.call(()).ok();
+            writes.filter(|w| w != "{}")
+        })
     }
 
     fn outcome(&mut self, status: Status) -> Outcome {
@@ -537,6 +566,7 @@ impl Engine {
             memory_bytes: self.flags.used.load(Ordering::Relaxed),
             searches: std::mem::take(&mut state.searches),
             describes: std::mem::take(&mut state.describes),
+            store_writes: None,
         }
     }
 }
@@ -649,9 +679,23 @@ fn install_prelude<'js>(
                 emit_flags.abort(Abort::Output);
                 return Err(throw_uncatchable(&ctx, "code mode output limit exceeded"));
             }
+            if st.outputs.len() >= MAX_OUTPUT_CALLS || st.output_calls >= MAX_OUTPUT_CALLS {
+                emit_flags.abort(Abort::OutputCalls);
+                return Err(throw_uncatchable(&ctx, "code mode output call limit exceeded"));
+            }
+            st.output_calls += 1;
             st.output_bytes = total;
             st.outputs.push(Output { kind, text });
             Ok(())
+        })?,
+    )?;
+
+    let exit_flags = flags.clone();
+    host.set(
+        "exit",
+        Function::new(ctx.clone(), move |ctx: Ctx<'js>| -> rquickjs::Result<()> {
+            exit_flags.abort(Abort::Exit);
+            Err(throw_uncatchable(&ctx, "exit"))
         })?,
     )?;
 
@@ -750,6 +794,7 @@ fn install_prelude<'js>(
         describe_error: get("describeError")?,
         make_error: get("makeError")?,
         seed: get("seed")?,
-        install_namespaces: get("installNamespaces")?,
+        install_run: get("installRun")?,
+        store_writes: get("storeWrites")?,
     })
 }

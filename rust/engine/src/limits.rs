@@ -48,6 +48,10 @@ pub enum Abort {
     Timeout = 1,
     Memory = 2,
     Output = 3,
+    /// Too many output calls (seed 002: 100,000).
+    OutputCalls = 4,
+    /// The guest called `exit()`: the run completes, nothing else of it runs.
+    Exit = 5,
 }
 
 impl Abort {
@@ -56,6 +60,8 @@ impl Abort {
             1 => Some(Abort::Timeout),
             2 => Some(Abort::Memory),
             3 => Some(Abort::Output),
+            4 => Some(Abort::OutputCalls),
+            5 => Some(Abort::Exit),
             _ => None,
         }
     }

@@ -33,6 +33,9 @@
   const SetAdd = Set.prototype.add;
   const SetDelete = Set.prototype.delete;
   const ErrorCtor = Error;
+  const TypeErrorCtor = TypeError;
+  const RangeErrorCtor = RangeError;
+  const RegExpExec = RegExp.prototype.exec;
   const PromiseCtor = Promise;
   const RealDate = Date;
   const MAX_DEPTH = 64;
@@ -298,8 +301,7 @@
     return ObjectFreeze(out);
   }
 
-  function installNamespaces(json) {
-    const list = JsonParse(json);
+  function installNamespaces(list) {
     for (let i = 0; i < list.length; i++) {
       const item = list[i];
       const scope = buildScope(item.scope, item.id);
@@ -323,6 +325,89 @@
 
   ObjectDefineProperty(G, "namespaces", { value: namespacesView, enumerable: false });
   ObjectDefineProperty(G, "describeNamespace", { value: describeNamespace, enumerable: false });
+
+  // ---- store / load (seed 002) ----------------------------------------------------------------
+  // The session branch's committed values arrive with the run; writes stay here until the cell
+  // completes, when the host commits them (and drops them on error, cancel or timeout).
+  const MAX_STORE_VALUE = 262144;
+  const MAX_STORE_TOTAL = 1048576;
+  let committed = ObjectCreate(null);
+  const pending = ObjectCreate(null);
+  let storeTotal = 0;
+
+  function storeSize(key, text) {
+    return text === null || text === undefined ? 0 : key.length + text.length;
+  }
+  function currentText(key) {
+    if (ObjectHasOwn(pending, key)) return pending[key];
+    return ObjectHasOwn(committed, key) ? committed[key] : null;
+  }
+  function storeKey(key) {
+    if (typeof key !== "string" || key.length === 0 || key.length > 1024) {
+      throw new TypeErrorCtor("store/load keys are non-empty strings of at most 1,024 characters");
+    }
+    return key;
+  }
+  function store(key, value) {
+    key = storeKey(key);
+    let text = null;
+    if (value !== undefined) {
+      text = JsonStringify(value);
+      if (text === undefined) throw new TypeErrorCtor("store(key, value): value is not JSON-serializable");
+      if (text.length > MAX_STORE_VALUE) throw new RangeErrorCtor("store(key, value): a value may hold at most 262,144 characters of JSON");
+    }
+    const next = storeTotal - storeSize(key, currentText(key)) + storeSize(key, text);
+    if (next > MAX_STORE_TOTAL) throw new RangeErrorCtor("store: keys and values may hold at most 1,048,576 characters in total");
+    storeTotal = next;
+    pending[key] = text;
+  }
+  function load(key) {
+    const text = currentText(storeKey(key));
+    return text === null ? undefined : JsonParse(text);
+  }
+  function storeWrites() {
+    return JsonStringify(pending);
+  }
+
+  // ---- exit, image (seed 002) ------------------------------------------------------------------
+  const hostExit = host.exit;
+  function exit() {
+    hostExit();
+  }
+  const IMAGE = /^data:image\/(png|jpeg|gif|webp);base64,([A-Za-z0-9+/]+={0,2})$/;
+  function image(source) {
+    let mime, data;
+    if (typeof source === "string") {
+      const m = ReflectApply(RegExpExec, IMAGE, [source]);
+      if (m === null) throw new TypeErrorCtor("image() takes a base64 data URL of a PNG, JPEG, GIF or WebP image; remote URLs are not allowed");
+      mime = "image/" + m[1];
+      data = m[2];
+    } else if (source !== null && typeof source === "object" && source.type === "image") {
+      mime = StringCtor(source.mimeType);
+      data = StringCtor(source.data);
+      if (ReflectApply(RegExpExec, IMAGE, ["data:" + mime + ";base64," + data]) === null) throw new TypeErrorCtor("image(): only base64 PNG, JPEG, GIF or WebP blocks");
+    } else {
+      throw new TypeErrorCtor("image() takes a data URL or an {type: 'image', mimeType, data} block");
+    }
+    hostEmit(6, mime + ";" + data);
+  }
+
+  function installRun(json) {
+    const run = JsonParse(json);
+    if (run.namespaces) installNamespaces(run.namespaces);
+    if (run.store) {
+      committed = run.store;
+      const keys = ObjectKeys(committed);
+      for (let i = 0; i < keys.length; i++) storeTotal += storeSize(keys[i], committed[keys[i]]);
+    }
+  }
+
+  ObjectDefineProperty(G, "store", { value: store, enumerable: false });
+  ObjectDefineProperty(G, "load", { value: load, enumerable: false });
+  ObjectDefineProperty(G, "exit", { value: exit, enumerable: false });
+  ObjectDefineProperty(G, "image", { value: image, enumerable: false });
+  // The tool-search-code surface's spelling of the catalog helpers.
+  ObjectDefineProperty(G, "codemode", { value: ObjectFreeze({ tools: ObjectFreeze({ search, describe, call }) }), enumerable: false });
 
   // ---- determinism: seeded Math.random and a journaled clock ---------------------------------
   let s0 = 0, s1 = 0, s2 = 0, s3 = 0;
@@ -400,5 +485,5 @@
     return new ErrorCtor(StringCtor(message));
   }
 
-  return { runCell, describeError, makeError, seed, installNamespaces };
+  return { runCell, describeError, makeError, seed, installRun, storeWrites };
 })

@@ -16,7 +16,7 @@ fn engine_with(limits: Limits) -> Engine {
 }
 
 fn run(source: &str) -> Status {
-    engine().start(source, Language::JavaScript, 2000.0, 7, "[]").status
+    engine().start(source, Language::JavaScript, 2000.0, 7, "{}").status
 }
 
 fn failure_code(status: &Status) -> Option<ErrorCode> {
@@ -66,7 +66,7 @@ fn tool_calls_are_reported_and_settled() {
         "const [a, b] = await Promise.all([tools.callValue('t:a', {n: 1}), tools.callValue('t:b', {n: 2})]); return a + b",
         Language::JavaScript,
         2000.0,
-        1, "[]",
+        1, "{}",
     );
     assert_eq!(out.status, Status::Pending);
     assert_eq!(out.calls.len(), 2);
@@ -117,7 +117,7 @@ fn infinite_loops_are_interrupted() {
         "try { throw 1 } finally { while (true) {} }",
         "Promise.resolve().then(() => { for (;;) {} }); await new Promise(r => Promise.resolve().then(r)); while(true){}",
     ] {
-        let status = engine().start(src, Language::JavaScript, 100.0, 1, "[]").status;
+        let status = engine().start(src, Language::JavaScript, 100.0, 1, "{}").status;
         assert_eq!(failure_code(&status), Some(ErrorCode::Timeout), "{src}");
     }
 }
@@ -131,7 +131,7 @@ fn memory_bombs_end_the_run_even_when_caught() {
         "try { let s = 'x'; while (true) s = s.repeat(2) } catch (e) { return 'swallowed' }",
         "const root = {}; let n = root; while (true) { n.next = {a: [1, 2, 3], b: {}}; n = n.next }",
     ] {
-        let status = engine_with(limits).start(src, Language::JavaScript, 5000.0, 1, "[]").status;
+        let status = engine_with(limits).start(src, Language::JavaScript, 5000.0, 1, "{}").status;
         assert_eq!(failure_code(&status), Some(ErrorCode::MemoryLimitExceeded), "{src}");
     }
 }
@@ -159,7 +159,7 @@ fn output_flood_is_cut() {
         )
         .status;
     assert_eq!(failure_code(&status), Some(ErrorCode::OutputLimitExceeded));
-    let status = engine_with(limits).start("return 'y'.repeat(5000)", Language::JavaScript, 2000.0, 1, "[]").status;
+    let status = engine_with(limits).start("return 'y'.repeat(5000)", Language::JavaScript, 2000.0, 1, "{}").status;
     assert_eq!(failure_code(&status), Some(ErrorCode::OutputLimitExceeded));
 }
 
@@ -212,9 +212,9 @@ fn host_globals_do_not_exist() {
 
 #[test]
 fn random_is_seeded_and_clock_replays() {
-    let a = engine().start("return [Math.random(), Math.random()]", Language::JavaScript, 2000.0, 99, "[]").status;
-    let b = engine().start("return [Math.random(), Math.random()]", Language::JavaScript, 2000.0, 99, "[]").status;
-    let c = engine().start("return [Math.random(), Math.random()]", Language::JavaScript, 2000.0, 100, "[]").status;
+    let a = engine().start("return [Math.random(), Math.random()]", Language::JavaScript, 2000.0, 99, "{}").status;
+    let b = engine().start("return [Math.random(), Math.random()]", Language::JavaScript, 2000.0, 99, "{}").status;
+    let c = engine().start("return [Math.random(), Math.random()]", Language::JavaScript, 2000.0, 100, "{}").status;
     assert_eq!(a, b);
     assert_ne!(a, c);
     let mut e = engine();
@@ -254,7 +254,7 @@ fn build_cost_is_printed() {
     let mut engines: Vec<_> = (0..50).map(|_| engine()).collect();
     let t = std::time::Instant::now();
     for e in engines.iter_mut() {
-        let _ = e.start("return 1 + 1", Language::JavaScript, 1000.0, 1, "[]");
+        let _ = e.start("return 1 + 1", Language::JavaScript, 1000.0, 1, "{}");
     }
     println!("start trivial: {:?} each", t.elapsed() / 50);
 }
@@ -262,10 +262,57 @@ fn build_cost_is_printed() {
 #[test]
 fn yield_control_is_a_call_the_host_settles() {
     let mut e = engine();
-    let out = e.start("await yield_control('need input'); return 'resumed'", Language::JavaScript, 2000.0, 1, "[]");
+    let out = e.start("await yield_control('need input'); return 'resumed'", Language::JavaScript, 2000.0, 1, "{}");
     assert_eq!(out.status, Status::Pending);
     assert_eq!(out.calls[0].tool, codemode_engine::YIELD_TOOL);
     assert_eq!(out.calls[0].input_json, r#""need input""#);
     let done = e.settle(vec![Settlement { id: out.calls[0].id, ok: true, payload: "null".into() }], 2000.0);
     assert_eq!(done.status, Status::Completed(r#""resumed""#.into()));
+}
+
+#[test]
+fn store_writes_come_back_on_completion_and_load_sees_them() {
+    let out = engine().start(
+        "store('a', {n: 1}); store('b', undefined); return [load('a'), load('c'), load('b')]",
+        Language::JavaScript,
+        2000.0,
+        1,
+        r#"{"store": {"c": "[1,2]", "b": "true"}}"#,
+    );
+    assert_eq!(out.status, Status::Completed(r#"[{"n":1},[1,2],null]"#.into()));
+    assert_eq!(out.store_writes.as_deref(), Some(r#"{"a":"{\"n\":1}","b":null}"#));
+}
+
+#[test]
+fn store_writes_are_dropped_when_the_cell_fails() {
+    let out = engine().start("store('a', 1); throw new Error('no')", Language::JavaScript, 2000.0, 1, "{}");
+    assert!(matches!(out.status, Status::Failed(_)));
+    assert_eq!(out.store_writes, None);
+}
+
+#[test]
+fn exit_ends_the_run_normally_even_inside_try() {
+    let out = engine().start(
+        "store('k', 1); try { exit() } catch (e) { return 'caught' } finally { return 'finally' }",
+        Language::JavaScript,
+        2000.0,
+        1,
+        "{}",
+    );
+    assert_eq!(out.status, Status::Completed("null".into()));
+    assert_eq!(out.store_writes.as_deref(), Some(r#"{"k":"1"}"#));
+}
+
+#[test]
+fn image_takes_only_base64_data_urls() {
+    let out = engine().start(
+        "image('data:image/png;base64,iVBORw0KGgo='); try { image('https://x/y.png') } catch (e) { return e.name }",
+        Language::JavaScript,
+        2000.0,
+        1,
+        "{}",
+    );
+    assert_eq!(out.status, Status::Completed(r#""TypeError""#.into()));
+    assert_eq!(out.outputs[0].kind, OutputKind::Image);
+    assert_eq!(out.outputs[0].text, "image/png;iVBORw0KGgo=");
 }

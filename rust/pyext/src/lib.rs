@@ -14,7 +14,8 @@ use pyo3::prelude::*;
 
 /// (code, name, message, stack)
 type PyFailure = (Option<&'static str>, String, String, String);
-/// (status, value_json, failure, outputs, calls, clock_reads, in_flight, memory_bytes, searches, describes)
+/// (status, value_json, failure, outputs, calls, clock_reads, in_flight, memory_bytes, searches, describes,
+/// store_writes)
 type PyOutcome = (
     &'static str,
     Option<String>,
@@ -26,6 +27,7 @@ type PyOutcome = (
     usize,
     u32,
     u32,
+    Option<String>,
 );
 
 fn convert(outcome: Outcome) -> PyOutcome {
@@ -45,6 +47,7 @@ fn convert(outcome: Outcome) -> PyOutcome {
         outcome.memory_bytes,
         outcome.searches,
         outcome.describes,
+        outcome.store_writes,
     )
 }
 
@@ -57,8 +60,11 @@ struct Catalog {
 #[pymethods]
 impl Catalog {
     #[new]
-    fn new(entries_json: &str) -> PyResult<Self> {
-        InnerCatalog::from_json(entries_json).map(|c| Catalog { inner: Arc::new(c) }).map_err(PyValueError::new_err)
+    #[pyo3(signature = (entries_json, include_mcp = false))]
+    fn new(entries_json: &str, include_mcp: bool) -> PyResult<Self> {
+        InnerCatalog::from_json_with(entries_json, include_mcp)
+            .map(|c| Catalog { inner: Arc::new(c) })
+            .map_err(PyValueError::new_err)
     }
 
     fn __len__(&self) -> usize {
@@ -68,6 +74,11 @@ impl Catalog {
     /// Search results as JSON text (the same search the guest's `tools.search` runs).
     fn search(&self, query: &str, limit: usize) -> String {
         self.inner.search_json(query, limit)
+    }
+
+    /// The full entry of a tool id or name as JSON text, if the catalog has it.
+    fn describe(&self, id_or_name: &str) -> Option<String> {
+        self.inner.describe_json(id_or_name).map(str::to_owned)
     }
 }
 
@@ -105,21 +116,21 @@ impl Engine {
     }
 
     /// Runs the cell until it completes, fails, or waits on tool calls.
-    #[pyo3(signature = (source, language, timeout_ms, seed, namespaces_json = "[]"))]
+    #[pyo3(signature = (source, language, timeout_ms, seed, run_json = "{}"))]
     fn start(
         &mut self,
         source: &str,
         language: &str,
         timeout_ms: f64,
         seed: u64,
-        namespaces_json: &str,
+        run_json: &str,
     ) -> PyResult<PyOutcome> {
         let language = match language {
             "javascript" => Language::JavaScript,
             "typescript" => Language::TypeScript,
             other => return Err(PyValueError::new_err(format!("unknown language: {other:?}"))),
         };
-        Ok(convert(self.inner.start(source, language, timeout_ms, seed, namespaces_json)))
+        Ok(convert(self.inner.start(source, language, timeout_ms, seed, run_json)))
     }
 
     /// Delivers `(call_id, ok, payload)` results (payload: JSON value, or an error message).

@@ -1,0 +1,140 @@
+"""Model-facing surfaces: the tool definitions a host hands to its model provider.
+
+    code              exec + wait (+ direct-only tools): JavaScript cells over the hidden catalog
+    tool_search_code  tool_search_code (+ direct-only): one cell tool with `codemode.tools.*`
+    tool_search       tool_search, tool_describe, tool_call (+ direct-only): structured fallback
+    directory         the same three, with a bounded directory of names and descriptions
+    direct            every tool as its own definition (what code mode replaces)
+
+Schemas are provider-safe: flat string enums, never `oneOf`/`anyOf`. Code mode fails closed: if
+the engine cannot run, `exec` answers `runtime_unavailable`; the surface never silently widens to
+the direct tools.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+__all__ = ["SURFACES", "ModelTool", "Surface", "to_anthropic", "to_openai"]
+
+Surface = Literal["code", "tool_search_code", "tool_search", "directory", "direct"]
+SURFACES: tuple[Surface, ...] = ("code", "tool_search_code", "tool_search", "directory", "direct")
+
+
+class ModelTool(msgspec.Struct, frozen=True):
+    """One model-visible tool, provider-neutral."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+
+EXEC_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "code": {"type": "string", "description": "The cell: an async function body (await and return allowed)."},
+        "command": {"type": "string", "description": "Alias of `code`; must match it when both are given."},
+        "language": {"type": "string", "enum": ["javascript", "typescript"], "description": "Default javascript."},
+        "restartSafe": {"type": "boolean", "description": "Only read-only tools; the run may be replayed."},
+    },
+    "required": ["code"],
+    "additionalProperties": False,
+}
+WAIT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"runId": {"type": "string", "description": "The runId of a `waiting` result."}},
+    "required": ["runId"],
+    "additionalProperties": False,
+}
+WAIT_DESCRIPTION = "Resume a code mode run that returned `waiting`: pass its runId. Returns the same result as exec."
+TOOL_SEARCH_CODE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"code": {"type": "string", "description": "JavaScript: an async function body."}},
+    "required": ["code"],
+    "additionalProperties": False,
+}
+TOOL_SEARCH_CODE_DESCRIPTION = (
+    "Run JavaScript against the tool catalog: `await codemode.tools.search(query, {limit})` -> compact hits, "
+    "`await codemode.tools.describe(id)` -> full schema, `await codemode.tools.call(id, args)` -> the result; "
+    "`console.log` for notes. Return the answer."
+)
+SEARCH_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "query": {"type": "string", "description": "What the tool should do."},
+        "limit": {"type": "integer", "minimum": 1, "maximum": 50},
+    },
+    "required": ["query"],
+    "additionalProperties": False,
+}
+DESCRIBE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"id": {"type": "string", "description": "A catalog id from tool_search."}},
+    "required": ["id"],
+    "additionalProperties": False,
+}
+CALL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "description": "A catalog id from tool_search."},
+        "args": {"type": "object", "description": "The tool's input.", "additionalProperties": True},
+    },
+    "required": ["id"],
+    "additionalProperties": False,
+}
+SEARCH_DESCRIPTION = "Search the tool catalog; returns compact entries with exact ids and input hints."
+DESCRIBE_DESCRIPTION = "Load one catalog tool's full input schema (and declared output schema)."
+CALL_DESCRIPTION = "Call a catalog tool by its exact id with its input; returns {tool, result}."
+#: Characters of the directory listing in `tool_search`'s description (directory surface).
+DIRECTORY_CHARS = 6000
+
+
+def control_tools(surface: Surface, exec_description: str, directory: str = "") -> list[ModelTool]:
+    """The surface's control tools (without the direct-only tools, which the caller appends)."""
+    if surface == "code":
+        return [ModelTool("exec", exec_description, EXEC_SCHEMA), ModelTool("wait", WAIT_DESCRIPTION, WAIT_SCHEMA)]
+    if surface == "tool_search_code":
+        return [ModelTool("tool_search_code", TOOL_SEARCH_CODE_DESCRIPTION, TOOL_SEARCH_CODE_SCHEMA)]
+    if surface in ("tool_search", "directory"):
+        search = SEARCH_DESCRIPTION + (f"\nDirectory (name: description):\n{directory}" if directory else "")
+        return [
+            ModelTool("tool_search", search, SEARCH_SCHEMA),
+            ModelTool("tool_describe", DESCRIBE_DESCRIPTION, DESCRIBE_SCHEMA),
+            ModelTool("tool_call", CALL_DESCRIPTION, CALL_SCHEMA),
+        ]
+    return []
+
+
+def directory_listing(entries: list[tuple[str, str]], max_chars: int = DIRECTORY_CHARS) -> str:
+    """``- id: first line of description`` per tool, bounded, with a footer for what was left out."""
+    lines: list[str] = []
+    used = 0
+    for index, (tool_id, description) in enumerate(entries):
+        line = f"- {tool_id}: {description.strip().splitlines()[0][:160] if description.strip() else ''}"
+        footer = f"(+{len(entries) - index} more: use tool_search)"
+        if used + len(line) + 1 + len(footer) > max_chars:
+            lines.append(footer)
+            break
+        lines.append(line)
+        used += len(line) + 1
+    return "\n".join(lines)
+
+
+def to_openai(tools: list[ModelTool]) -> list[dict[str, Any]]:
+    """The OpenAI (Chat Completions / Responses) function-tool format."""
+    return [
+        {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.input_schema}}
+        for t in tools
+    ]
+
+
+def to_anthropic(tools: list[ModelTool]) -> list[dict[str, Any]]:
+    """The Anthropic Messages tool format."""
+    return [{"name": t.name, "description": t.description, "input_schema": t.input_schema} for t in tools]
+
+
+def payload_bytes(tools: list[ModelTool]) -> int:
+    """Serialized size of the definitions a provider receives (the cost code mode cuts)."""
+    return len(msgspec.json.encode(to_openai(tools)))

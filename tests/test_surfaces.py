@@ -1,0 +1,207 @@
+"""Model-facing surfaces, `handle`, the cell pragma, and the seed-002 cell features."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from codemode import CodeMode
+from codemode.policy import ToolCallEvent
+from codemode.surfaces import SURFACES, to_anthropic, to_openai
+
+CALLS: list[str] = []
+
+
+def record(event: ToolCallEvent) -> None:
+    CALLS.append(event.tool_id)
+
+
+@pytest.fixture(scope="module")
+def scm():
+    with CodeMode({"enabled": True, "workers": 1, "timeoutMs": 5000}, before_tool_call=record) as cm:
+
+        @cm.tool(owner="weather")
+        def forecast(city: str) -> dict[str, Any]:
+            """Weather forecast for a city."""
+            return {"city": city, "sky": "clear"}
+
+        @cm.tool(direct_only=True)
+        def computer(action: str) -> str:
+            """Drive the screen (results cannot cross the bridge)."""
+            return f"did {action}"
+
+        yield cm
+
+
+@pytest.fixture
+def ss(scm):
+    return scm.session("surfaces")
+
+
+def names(tools) -> list[str]:
+    return [t.name for t in tools]
+
+
+def test_code_surface_is_exec_wait_and_direct_only_tools(ss):
+    assert names(ss.model_tools("code")) == ["exec", "wait", "computer"]
+
+
+def test_each_surface_exposes_its_controls(ss):
+    assert names(ss.model_tools("tool_search_code")) == ["tool_search_code", "computer"]
+    assert names(ss.model_tools("tool_search")) == ["tool_search", "tool_describe", "tool_call", "computer"]
+    assert names(ss.model_tools("directory")) == ["tool_search", "tool_describe", "tool_call", "computer"]
+    assert names(ss.model_tools("direct")) == ["forecast", "computer"]
+
+
+def test_directory_surface_lists_names_and_descriptions(ss):
+    search = ss.model_tools("directory")[0]
+    assert "host:weather:forecast: Weather forecast for a city." in search.description
+
+
+def test_disabled_config_keeps_the_direct_surface(make_codemode):
+    cm = make_codemode({"workers": 1, "enabled": False})
+    cm.add_tool(lambda city: city, name="forecast")
+    assert names(cm.model_tools("code")) == ["forecast"]
+
+
+def test_config_object_without_enabled_true_stays_disabled(make_codemode):
+    cm = make_codemode({"workers": 1, "timeoutMs": 1000})
+    cm.add_tool(lambda city: city, name="forecast")
+    assert names(cm.model_tools("code")) == ["forecast"]
+
+
+def test_disable_tools_and_empty_catalog_never_engage(make_codemode, ss):
+    assert ss.model_tools("code", disable_tools=True) == []
+    empty = make_codemode({"workers": 1, "enabled": True})
+    assert names(empty.model_tools("code")) == []
+    denied = make_codemode({"workers": 1, "enabled": True})
+    denied.add_tool(lambda: 1, name="only")
+    denied.set_policy(allow=[])
+    assert names(denied.model_tools("code")) == []
+
+
+def _walk(node: Any) -> list[str]:
+    keys: list[str] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            keys.append(key)
+            keys.extend(_walk(value))
+    elif isinstance(node, list):
+        for value in node:
+            keys.extend(_walk(value))
+    return keys
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_schemas_are_provider_safe(ss, surface):
+    rendered = to_openai(ss.model_tools(surface))
+    keys = _walk(rendered)
+    assert "oneOf" not in keys and "anyOf" not in keys
+    for tool in rendered:
+        assert tool["type"] == "function"
+        assert tool["function"]["parameters"]["type"] == "object"
+
+
+def test_exec_language_is_a_flat_string_enum(ss):
+    exec_tool = ss.model_tools("code")[0]
+    assert exec_tool.input_schema["properties"]["language"] == {
+        "type": "string",
+        "enum": ["javascript", "typescript"],
+        "description": "Default javascript.",
+    }
+    anthropic = to_anthropic([exec_tool])[0]
+    assert set(anthropic) == {"name", "description", "input_schema"}
+
+
+def test_the_same_tool_is_called_on_every_surface(ss):
+    CALLS.clear()
+    assert ss.handle("exec", {"code": "return (await tools.forecast({city: 'Oslo'})).sky"})["value"] == "clear"
+    cell = "return (await codemode.tools.call('host:weather:forecast', {city: 'Oslo'})).result.sky"
+    assert ss.handle("tool_search_code", {"code": cell})["value"] == "clear"
+    hits = ss.handle("tool_search", {"query": "weather forecast"})["results"]
+    assert hits[0]["id"] == "host:weather:forecast"
+    assert ss.handle("tool_describe", {"id": "host:weather:forecast"})["parameters"]["required"] == ["city"]
+    called = ss.handle("tool_call", {"id": "host:weather:forecast", "args": {"city": "Oslo"}})
+    assert called == {"tool": "host:weather:forecast", "result": {"city": "Oslo", "sky": "clear"}}
+    assert ss.handle("forecast", {"city": "Oslo"})["result"]["sky"] == "clear"
+    assert ss.handle("computer", {"action": "click"})["result"] == "did click"
+    assert CALLS == ["host:weather:forecast"] * 4 + ["host:core:computer"]
+
+
+def test_unknown_model_tool_is_an_error_result(ss):
+    assert "unknown tool" in ss.handle("rm_rf", {})["error"]
+
+
+def test_payloads_of_a_500_tool_catalog_shrink_by_an_order_of_magnitude(make_codemode):
+    cm = make_codemode({"workers": 1, "enabled": True})
+    for i in range(500):
+        cm.add_tool(
+            lambda **kw: kw,
+            name=f"tool_{i}",
+            description=f"Does thing number {i} with records, filters and pagination.",
+            input_schema={
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "description": "What to look for."},
+                    "limit": {"type": "integer", "description": "At most this many."},
+                    "cursor": {"type": "string", "description": "Where the previous page ended."},
+                },
+                "required": ["query"],
+            },
+        )
+    sizes = cm.payload_telemetry()
+    assert sizes["code"] <= sizes["direct"] * 0.10, sizes
+    assert sizes["tool_search"] < sizes["direct"] and sizes["tool_search_code"] < sizes["direct"]
+
+
+# ---- the cell pragma -------------------------------------------------------------------------------
+
+
+def test_options_pragma_timeout_applies(ss):
+    started = time.monotonic()
+    result = ss.exec({"code": '// @options: {"timeout_ms": 200}\nwhile (true) {}'})
+    assert result["code"] == "timeout"
+    assert time.monotonic() - started < 2.0
+
+
+def test_exec_pragma_form_is_accepted(ss):
+    assert ss.exec({"code": '// @exec: {"timeout_ms": 3000}\nreturn 7'})["value"] == 7
+
+
+def test_max_output_tokens_keeps_head_and_tail_and_says_what_was_cut(ss):
+    code = '// @options: {"max_output_tokens": 10}\nfor (let i = 0; i < 50; i++) text("line " + i); return 1'
+    output = ss.exec({"code": code})["output"]
+    texts = [o["text"] for o in output]
+    assert texts[0] == "line 0"
+    assert texts[-1] == "line 49"
+    assert any("cut by max_output_tokens" in t for t in texts)
+    assert sum(len(t) for t in texts if "cut by" not in t) <= 40
+
+
+@pytest.mark.parametrize(
+    "pragma", ['// @options: {"timeout_ms": -1}', '// @options: {"bogus": 1}', "// @options: {not json}"]
+)
+def test_invalid_pragma_is_invalid_input(ss, pragma):
+    result = ss.exec({"code": pragma + "\nreturn 1"})
+    assert result["code"] == "invalid_input"
+    assert "pragma" in result["error"] or "@options" in result["error"]
+
+
+# ---- seed-002 cell features -------------------------------------------------------------------------
+
+
+def test_exit_ends_the_cell_normally(ss):
+    result = ss.exec({"code": "text('before'); exit(); text('after'); return 'never'"})
+    assert result["status"] == "completed"
+    assert result["value"] is None
+    assert result["output"] == [{"type": "text", "text": "before"}]
+
+
+def test_image_accepts_base64_data_urls_and_rejects_remote_urls(ss):
+    png = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUg=="
+    code = f"image({json.dumps(png)}); try {{ image('https://example.com/a.png') }}"
+    result = ss.exec({"code": code + " catch (e) { return e.message }"})
+    assert result["output"] == [{"type": "image", "mimeType": "image/png", "data": "iVBORw0KGgoAAAANSUhEUg=="}]
+    assert "remote URLs are not allowed" in result["value"]
