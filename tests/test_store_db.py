@@ -81,12 +81,16 @@ class PostgresServer:
             conn.execute(sql)
 
 
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
+def require_psycopg() -> None:
     try:
         import psycopg  # noqa: F401
-    except ImportError:
-        pytest.skip("PostgreSQL tests need psycopg: pip install 'psycopg[binary]'")
+    except ImportError as exc:  # not importorskip: a psycopg without libpq raises a plain ImportError
+        pytest.skip(f"PostgreSQL tests need psycopg: pip install 'psycopg[binary]' ({exc})")
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    require_psycopg()
     external = os.environ.get("CODEMODE_TEST_POSTGRES_URL")
     if external:
         yield PostgresServer(external)
@@ -129,7 +133,9 @@ def postgres_server() -> Iterator[PostgresServer]:
         assert start.returncode == 0, f"pg_ctl start failed: {start.stderr}\n{log.read_text(errors='replace')[-2000:]}"
         yield PostgresServer(f"postgresql://codemode@127.0.0.1:{port}/postgres")
     finally:
-        _r = pg("pg_ctl", "-D", str(data), "-m", "immediate", "stop"); open("/tmp/pgstop.log", "a").write(f"{root} {_r.returncode} {_r.stdout!r} {_r.stderr!r}\n")
+        if pg("pg_ctl", "-D", str(data), "status").returncode == 0:
+            stop = pg("pg_ctl", "-D", str(data), "-m", "immediate", "stop")
+            assert stop.returncode == 0, f"pg_ctl stop failed; the server in {data} still runs: {stop.stderr}"
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -230,6 +236,21 @@ def test_a_commit_over_the_total_limit_changes_nothing(make_store: Callable[[], 
     # The limit applies to the resulting state: deleting in the same commit makes room.
     store.commit(S, MAIN, {"a": None, "b": None, "y": big})
     assert store.snapshot(S, MAIN) == {"c": full["c"], "d": full["d"], "y": big}
+
+
+def test_limits_count_characters_not_bytes(make_store: Callable[[], Store]) -> None:
+    """Astral characters are four UTF-8 bytes each; a byte-counting total would refuse this."""
+    store = make_store()
+
+    def crabs(length: int) -> str:
+        return json.dumps("🦀" * (length - 2), ensure_ascii=False)
+
+    writes = {key: crabs(MAX_VALUE_CHARS) for key in "abc"}
+    writes["d"] = crabs(MAX_TOTAL_CHARS - 3 * (MAX_VALUE_CHARS + 1) - 1)
+    store.commit(S, MAIN, writes)
+    assert store.snapshot(S, MAIN) == writes
+    with pytest.raises(StoreLimitError, match="1048578"):
+        store.commit(S, MAIN, {"e": "1"})
 
 
 def test_per_value_limit(make_store: Callable[[], Store]) -> None:
@@ -369,7 +390,7 @@ def test_postgres_without_psycopg(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_postgres_server_not_reachable() -> None:
-    pytest.importorskip("psycopg")
+    require_psycopg()
     with pytest.raises(StoreError, match="cannot connect"):
         PostgresStore(f"postgresql://codemode@127.0.0.1:{free_port()}/postgres?connect_timeout=5")
 

@@ -205,3 +205,44 @@ def test_image_accepts_base64_data_urls_and_rejects_remote_urls(ss):
     result = ss.exec({"code": code + " catch (e) { return e.message }"})
     assert result["output"] == [{"type": "image", "mimeType": "image/png", "data": "iVBORw0KGgoAAAANSUhEUg=="}]
     assert "remote URLs are not allowed" in result["value"]
+
+
+def test_store_survives_a_new_session_on_the_same_branch_and_a_reopened_database(tmp_path):
+    db = tmp_path / "store.sqlite"
+    with CodeMode({"workers": 1}, store=db) as cm:
+        first = cm.session("conv", branch="main")
+        assert first.exec({"code": "store('count', 1); store('tags', ['a']); return load('count')"})["value"] == 1
+        assert cm.session("conv", branch="main").exec({"code": "return [load('count'), load('tags')]"})["value"] == [
+            1,
+            ["a"],
+        ]
+        assert (
+            cm.session("conv", branch="other").exec({"code": "return load('count') ?? 'absent'"})["value"] == "absent"
+        )
+    with CodeMode({"workers": 1}, store=db) as reopened:
+        again = reopened.session("conv", branch="main")
+        assert again.exec({"code": "store('count', load('count') + 1); return load('count')"})["value"] == 2
+        assert again.exec({"code": "store('tags', undefined); return [load('count'), load('tags')]"})["value"] == [
+            2,
+            None,
+        ]
+
+
+def test_a_failing_cells_store_writes_are_gone(ss):
+    failed = ss.exec({"code": "store('temp', 'x'); throw new Error('boom')"})
+    assert failed["status"] == "failed"
+    assert ss.exec({"code": "return load('temp') === undefined"})["value"] is True
+    timed_out = ss.exec({"code": '// @options: {"timeout_ms": 150}\nstore("temp", 1); while (true) {}'})
+    assert timed_out["code"] == "timeout"
+    assert ss.exec({"code": "return load('temp') === undefined"})["value"] is True
+
+
+def test_store_limits_are_enforced_in_the_cell(scm):
+    ss = scm.session("limits", branch="scratch")
+    big = "try { store('big', 'x'.repeat(262145)); return 'stored' } catch (e) { return e.name }"
+    assert ss.exec({"code": big})["value"] == "RangeError"
+    total = (
+        "try { for (let i = 0; i < 5; i++) store('k' + i, 'y'.repeat(250000)); return 'stored' }"
+        " catch (e) { return e.message }"
+    )
+    assert "1,048,576" in ss.exec({"code": total})["value"]

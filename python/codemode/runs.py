@@ -95,6 +95,7 @@ class Run:
         "output_chars",
         "run_id",
         "session_id",
+        "store_key",
         "timeout_ms",
         "worker",
         "yields",
@@ -117,6 +118,8 @@ class Run:
         self.counts = [0, 0, 0]
         #: From the cell's ``// @options``: the text budget, and the wall clock of each call.
         self.output_chars: int | None = None
+        #: ``(session id, branch)`` whose store a completed run commits to.
+        self.store_key: tuple[str, str] | None = None
         self.timeout_ms = 10_000
 
     def pending_calls(self) -> list[dict[str, Any]]:

@@ -29,6 +29,7 @@ from .namespaces import NamespaceRegistration, Namespaces
 from .policy import Approver, Hook, Policy, Trace, TraceEvent
 from .protocol import Configure, EngineLimits
 from .runs import TOO_MANY, Journal, Run, RunLookupError, RunTable
+from .store import Store, StoreError, open_store
 from .supervisor import Step, Supervisor
 from .surfaces import SURFACES, ModelTool, Surface, control_tools, directory_listing, payload_bytes
 from .tools import MCP_TOOL, BackgroundLoop, CatalogView, Dispatcher, Gate, Tool, ToolRegistry, define_tool
@@ -212,8 +213,11 @@ class CodeMode:
         deny: Iterable[str] = (),
         before_tool_call: Hook | None = None,
         approve: Approver | None = None,
+        store: Store | str | os.PathLike[str] | None = None,
     ) -> None:
         self.config = load_config(config)
+        #: Where `store`/`load` values live: SQLite (a path; in memory by default) or PostgreSQL (a DSN).
+        self._store: Store = open_store(store) if store is None or isinstance(store, (str, os.PathLike)) else store
         self._registry = ToolRegistry()
         self._namespaces = Namespaces()
         self._policy = Policy.of(allow, deny)
@@ -497,11 +501,12 @@ class CodeMode:
             return current, view
 
     # ---- sessions and lifetime -------------------------------------------------------------------
-    def session(self, session_id: str = "default", *, agent_run: str | None = None) -> Session:
-        """A session handle; suspended runs are scoped to ``(session_id, agent_run)``."""
+    def session(self, session_id: str = "default", *, agent_run: str | None = None, branch: str = "main") -> Session:
+        """A session handle; suspended runs are scoped to ``(session_id, agent_run)``, stored
+        values to ``(session_id, branch)``."""
         if self._closed:
             raise ClosedError("this CodeMode is closed")
-        return Session(self, session_id, agent_run)
+        return Session(self, session_id, agent_run, branch)
 
     def close(self) -> None:
         """Stops every worker and the background tool loop. Idempotent."""
@@ -515,6 +520,7 @@ class CodeMode:
             run.dispatcher.close()
         self._supervisor.close()
         self._loop.close()
+        self._store.close()
 
     def __enter__(self) -> CodeMode:
         return self
@@ -596,6 +602,9 @@ class CodeMode:
         run_setup: dict[str, Any] = {}
         if namespaces:
             run_setup["namespaces"] = namespaces
+        stored = self._store.snapshot(session_id, session.branch)
+        if stored:
+            run_setup["store"] = stored
         journal = Journal(
             engine_version=_engine.__version__,
             prelude_hash=_engine.PRELUDE_HASH,
@@ -618,6 +627,7 @@ class CodeMode:
             mcp_ops=self._mcp_op if self._mcp is not None else None,
         )
         run = Run(scope, journal, dispatcher)
+        run.store_key = (session_id, session.branch)
         dispatcher.parent = f"exec_{next(self._call_ids)}"
         if options.max_output_tokens is not None:
             run.output_chars = options.max_output_tokens * 4
@@ -689,6 +699,11 @@ class CodeMode:
             )
         self._retire(run)
         if step.status == "completed":
+            if step.store_writes is not None and run.store_key is not None:
+                try:
+                    self._store.commit(*run.store_key, _decode_json(step.store_writes))
+                except StoreError as e:
+                    return Failed(error=f"store commit failed: {e}", code="internal_error", telemetry=telemetry)
             value = _decode_json(step.value) if step.value is not None else None
             return Completed(value=value, telemetry=telemetry, output=output)
         code_, name, message, _stack = step.failure or ("internal_error", "Error", "unknown failure", "")
@@ -781,10 +796,12 @@ class Session:
     Suspended runs belong to the session (and agent run) that made them; ``close`` aborts them.
     """
 
-    def __init__(self, codemode: CodeMode, session_id: str, agent_run: str | None = None) -> None:
+    def __init__(self, codemode: CodeMode, session_id: str, agent_run: str | None = None, branch: str = "main") -> None:
         self.codemode = codemode
         self.session_id = session_id
         self.agent_run = agent_run
+        #: The conversation branch `store` commits to and `load` reads from.
+        self.branch = branch
         #: Suspended runs belong to this key: the session and, if given, the agent run.
         self.scope = session_id if agent_run is None else f"{session_id}\x00{agent_run}"
 

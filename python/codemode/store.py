@@ -8,8 +8,8 @@ what was committed survives reopening the database.
 Values cross this interface as JSON text, already serialized by the caller; the store never parses
 them. Limits are counted in Python ``str`` characters (code points), which is what both SQLite's
 and PostgreSQL's ``length()`` count on UTF-8 text, so the total can be measured inside the same
-transaction that changes it. A string with astral characters is therefore never *longer* here
-than its JavaScript ``.length``, so a guest-side check with the same numbers is never looser.
+transaction that changes it. JavaScript's ``.length`` counts an astral character twice, so a
+guest-side check with the same numbers is at least as strict: nothing it let through fails here.
 
 Two backends share one table, ``codemode_store``: :class:`SqliteStore` (stdlib, the default, in
 memory or a file) and :class:`PostgresStore` (needs ``psycopg`` 3) for hosts that run several
@@ -159,10 +159,11 @@ def _split(session_id: str, branch: str, writes: Mapping[str, str | None]) -> tu
 class SqliteStore:
     """A store in one SQLite database: ``":memory:"`` (private to this object) or a file.
 
-    One connection serves every thread, behind a lock, because a commit must read the total and
-    write in one transaction anyway. Files use WAL so readers in other processes never block a
-    commit; ``BEGIN IMMEDIATE`` takes the write lock before the total is measured, which keeps
-    concurrent commits from other processes from both fitting under the limit separately.
+    One connection serves every thread, behind a lock: SQLite runs one write transaction at a time
+    anyway, and a second connection would make ``":memory:"`` a second database. Files use WAL so
+    readers in other processes never block a commit; ``BEGIN IMMEDIATE`` takes the write lock
+    before the total is measured, so concurrent commits from other processes cannot both fit
+    under the limit separately.
     """
 
     def __init__(self, path: str | os.PathLike[str] = ":memory:") -> None:
@@ -236,7 +237,7 @@ class PostgresStore:
         try:
             import psycopg
         except ImportError as exc:
-            raise StoreError("a PostgreSQL store needs psycopg 3: pip install 'psycopg[binary]'") from exc
+            raise StoreError(f"a PostgreSQL store needs psycopg 3: pip install 'psycopg[binary]' ({exc})") from exc
         self._dsn = dsn
         self._db_error: type[Exception] = psycopg.Error
         self._lock = threading.Lock()
