@@ -80,6 +80,11 @@ def table(data: dict) -> str:
         derived.append(
             f"overhead of one `MCP.<server>.<tool>()` call over the SDK client: **{fmt(overhead)}** (budget <= 0.1 ms)"
         )
+    payload = by_name.get("test_model_payload_bytes_per_surface_for_500_tools", {}).get("extra_info", {})
+    if payload:
+        sizes = ", ".join(f"{k.removeprefix('payload_bytes_')} {v:,} B" for k, v in payload.items())
+        ratio = payload["payload_bytes_code"] / payload["payload_bytes_direct"]
+        derived.append(f"model payload for 500 tools: {sizes}; code is **{ratio:.1%}** of direct (budget <= 10%)")
     extra = by_name.get("test_wait_on_resident_run", {}).get("extra_info", {})
     if "suspended_run_memory_bytes" in extra:
         derived.append(

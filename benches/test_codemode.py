@@ -121,7 +121,7 @@ NOUNS = ["invoice", "shipment", "customer", "ticket", "deployment", "alert", "do
 
 
 def _catalog_codemode(size: int) -> CodeMode:
-    cm = CodeMode({"workers": 1})
+    cm = CodeMode({"workers": 1, "enabled": True})
     schema = {"type": "object", "properties": {"id": {"type": "string"}, "limit": {"type": "integer"}}}
 
     def handler(**kwargs: object) -> dict[str, object]:
@@ -200,3 +200,14 @@ def test_mcp_ten_calls_direct_with_the_sdk_client(benchmark, mcp_session):
         return 1
 
     assert benchmark.pedantic(ten, setup=_pause, rounds=100) == 1
+
+
+@pytest.mark.benchmark(group="payload")
+def test_model_payload_bytes_per_surface_for_500_tools(benchmark):
+    """Not a timing: the bytes each surface sends the model for a 500-tool catalog (extra_info);
+    the timed part is rendering the code surface."""
+    with _catalog_codemode(500) as cm:
+        sizes = cm.payload_telemetry()
+        benchmark.extra_info.update({f"payload_bytes_{k}": v for k, v in sizes.items()})
+        benchmark(cm.model_tools, "code")
+    assert sizes["code"] <= sizes["direct"] * 0.10

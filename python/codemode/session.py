@@ -42,6 +42,8 @@ __all__ = ["CodeMode", "Completed", "Failed", "JsonOutput", "Result", "Session",
 F = TypeVar("F", bound=Callable[..., Any])
 
 MODEL_VISIBLE_TOOLS = ("exec", "wait")
+#: The lower bound of a `tool_search_code` cell's timeout (seed 001).
+TOOL_SEARCH_CODE_MIN_TIMEOUT_MS = 1000
 #: How long an unreachable MCP server is left alone before an exec tries to list it again.
 MCP_RETRY_S = 10.0
 
@@ -581,7 +583,14 @@ class CodeMode:
             return self._invalid(started, options)
         return code, language, restart_safe, options
 
-    def _exec(self, session: Session, args: Any, loop: Callable[[], asyncio.AbstractEventLoop]) -> Result:
+    def _exec(
+        self,
+        session: Session,
+        args: Any,
+        loop: Callable[[], asyncio.AbstractEventLoop],
+        *,
+        min_timeout_ms: int = 0,
+    ) -> Result:
         started = time.perf_counter()
         if self._closed:
             raise ClosedError("this CodeMode is closed")
@@ -592,9 +601,10 @@ class CodeMode:
         code, language, restart_safe, options = checked
         session_id, scope = session.session_id, session.scope
         timeout_ms = self.config.timeout_ms
+        low, high = BOUNDS["timeout_ms"]
         if options.timeout_ms is not None:
-            low, high = BOUNDS["timeout_ms"]
             timeout_ms = min(max(options.timeout_ms, low), high)
+        timeout_ms = min(max(timeout_ms, min_timeout_ms), high)
         if self._mcp is not None and self._mcp_stale():
             self.load_mcp_tools()
         configure, view = self._configuration()
@@ -850,7 +860,9 @@ class Session:
         if name == "wait":
             return self.wait(args)
         if name == "tool_search_code":
-            return self.exec({"code": args.get("code"), "language": "javascript"})
+            # The tool-search spec clamps its code timeout to 1,000-60,000 ms.
+            cell = {"code": args.get("code"), "language": "javascript"}
+            return cm._exec(self, cell, cm._loop.get, min_timeout_ms=TOOL_SEARCH_CODE_MIN_TIMEOUT_MS).to_dict()
         if name == "tool_search":
             query = args.get("query")
             limit = args.get("limit", cm.config.search_default_limit)
