@@ -337,10 +337,12 @@ class McpServers:
     def event_loop(self) -> asyncio.AbstractEventLoop:
         """The loop MCP I/O runs on (started on first use). A caller that runs its coroutines
         here (``call_tool_here``) saves two thread hops per call."""
-        future = self._schedule(asyncio.sleep, 0)
-        future.result()
-        assert self._loop is not None
-        return self._loop
+        loop = self._loop
+        if loop is None:
+            self._schedule(asyncio.sleep, 0).result()
+            loop = self._loop
+            assert loop is not None
+        return loop
 
     async def call_tool_here(
         self, name: str, tool: str, arguments: Mapping[str, Any] | None = None, *, timeout_s: float | None = None

@@ -220,6 +220,9 @@ class CodeMode:
         self.config = load_config(config)
         #: Where `store`/`load` values live: SQLite (a path; in memory by default) or PostgreSQL (a DSN).
         self._store: Store = open_store(store) if store is None or isinstance(store, (str, os.PathLike)) else store
+        #: A private in-memory store has no other writer: its snapshots are served from here
+        #: (a query per exec costs ~15 µs); a shared file or server is always asked.
+        self._store_cache: dict[tuple[str, str], dict[str, str]] | None = {} if store is None else None
         self._registry = ToolRegistry()
         self._namespaces = Namespaces()
         self._policy = Policy.of(allow, deny)
@@ -612,7 +615,7 @@ class CodeMode:
         run_setup: dict[str, Any] = {}
         if namespaces:
             run_setup["namespaces"] = namespaces
-        stored = self._store.snapshot(session_id, session.branch)
+        stored = self._snapshot(session_id, session.branch)
         if stored:
             run_setup["store"] = stored
         journal = Journal(
@@ -665,6 +668,12 @@ class CodeMode:
         step = self._supervisor.resume(run, configure, run.timeout_ms)
         return self._finish(run, step, started, "wait")
 
+    def _snapshot(self, session_id: str, branch: str) -> dict[str, str]:
+        cache = self._store_cache
+        if cache is None:
+            return self._store.snapshot(session_id, branch)
+        return cache.get((session_id, branch), {})
+
     def _configure_for(self, run: Run) -> Configure:
         view = run.dispatcher.view
         return Configure(run.journal.limits, view.catalog_json, view.fingerprint)
@@ -714,6 +723,8 @@ class CodeMode:
                     self._store.commit(*run.store_key, _decode_json(step.store_writes))
                 except StoreError as e:
                     return Failed(error=f"store commit failed: {e}", code="internal_error", telemetry=telemetry)
+                if self._store_cache is not None:
+                    self._store_cache[run.store_key] = self._store.snapshot(*run.store_key)
             value = _decode_json(step.value) if step.value is not None else None
             return Completed(value=value, telemetry=telemetry, output=output)
         code_, name, message, _stack = step.failure or ("internal_error", "Error", "unknown failure", "")
