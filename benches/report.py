@@ -32,7 +32,8 @@ ROWS = [
     ),
     ("10 `MCP.everything.getSum()` calls in one cell (median)", "test_mcp_ten_calls_through_a_cell", ""),
     ("the same 10 calls with the SDK client directly (median)", "test_mcp_ten_calls_direct_with_the_sdk_client", ""),
-    ("pydantic-monty: warm `1 + 1` (median)", "test_monty_trivial_warm_session", ""),
+    ("pydantic-monty: warm `1 + 1`, back to back (median)", "test_monty_trivial_warm_session", ""),
+    ("pydantic-monty: warm `1 + 1`, idle (median)", "test_monty_trivial_idle", ""),
     ("pydantic-monty: 10 external calls, start/resume (median)", "test_monty_toolcalls_start_resume", ""),
 ]
 
@@ -54,8 +55,13 @@ def table(data: dict) -> str:
     derived = []
     if exec_idle and "test_pipe_roundtrip_idle" in median:
         derived.append(f"warm exec / pipe round trip: **{exec_idle / median['test_pipe_roundtrip_idle']:.1f}x**")
-    if exec_idle and "test_monty_trivial_warm_session" in median:
-        derived.append(f"warm exec / monty warm: **{exec_idle / median['test_monty_trivial_warm_session']:.2f}x**")
+    if exec_idle and "test_monty_trivial_idle" in median:
+        derived.append(f"idle warm exec / monty idle warm: **{exec_idle / median['test_monty_trivial_idle']:.2f}x**")
+    b2b = median.get("test_exec_trivial_back_to_back")
+    if b2b and "test_monty_trivial_warm_session" in median:
+        derived.append(
+            f"back-to-back exec / monty back to back: **{b2b / median['test_monty_trivial_warm_session']:.2f}x**"
+        )
     ten = median.get("test_exec_ten_sequential_tool_calls_idle")
     if ten and exec_idle:
         per_call = (ten - exec_idle) / 10

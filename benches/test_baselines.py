@@ -159,3 +159,11 @@ def test_monty_toolcalls_start_resume(benchmark, monty_session):
         return snap.output
 
     assert benchmark(run) == TOOLCALL_RESULT
+
+
+@pytest.mark.benchmark(group="monty-trivial")
+def test_monty_trivial_idle(benchmark, monty_session):
+    """`1 + 1` after a 2 ms pause (not timed), measured the way codemode's idle exec is."""
+    import time
+
+    assert benchmark.pedantic(monty_session.feed_run, args=("1 + 1",), setup=lambda: time.sleep(0.002), rounds=300) == 2
