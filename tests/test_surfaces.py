@@ -246,3 +246,10 @@ def test_store_limits_are_enforced_in_the_cell(scm):
         " catch (e) { return e.message }"
     )
     assert "1,048,576" in ss.exec({"code": total})["value"]
+
+
+def test_directory_surface_exposes_a_few_likely_schemas_that_handle_can_call(ss):
+    tools = ss.model_tools("directory", likely="weather forecast for Oslo")
+    assert [t.name for t in tools] == ["tool_search", "tool_describe", "tool_call", "forecast", "computer"]
+    assert tools[3].input_schema["required"] == ["city"]
+    assert ss.handle("forecast", {"city": "Oslo"})["result"]["sky"] == "clear"

@@ -42,6 +42,8 @@ __all__ = ["CodeMode", "Completed", "Failed", "JsonOutput", "Result", "Session",
 F = TypeVar("F", bound=Callable[..., Any])
 
 MODEL_VISIBLE_TOOLS = ("exec", "wait")
+#: Catalog schemas the `directory` surface exposes directly for a `likely` request.
+LIKELY_SCHEMAS = 3
 #: The lower bound of a `tool_search_code` cell's timeout (seed 001).
 TOOL_SEARCH_CODE_MIN_TIMEOUT_MS = 1000
 #: How long an unreachable MCP server is left alone before an exec tries to list it again.
@@ -399,11 +401,15 @@ class CodeMode:
         return text
 
     # ---- model-facing surfaces ---------------------------------------------------------------------
-    def model_tools(self, surface: Surface = "code", *, disable_tools: bool = False) -> list[ModelTool]:
+    def model_tools(
+        self, surface: Surface = "code", *, disable_tools: bool = False, likely: str | None = None
+    ) -> list[ModelTool]:
         """The tool definitions to hand the model for ``surface`` (see ``codemode.surfaces``).
 
         A disabled config keeps the direct surface untouched; a run with tools disabled gets no
-        tools; a run whose catalog is empty never engages code mode or tool search.
+        tools; a run whose catalog is empty never engages code mode or tool search. For the
+        ``directory`` surface, ``likely`` (e.g. the user's message) picks a few catalog tools
+        whose full schemas are exposed directly, as the tool-search spec describes.
         """
         if surface not in SURFACES:
             raise ConfigError(f"unknown surface {surface!r}; one of {', '.join(SURFACES)}")
@@ -418,23 +424,41 @@ class CodeMode:
         if not self.config.enabled or not view.tools or surface == "direct":
             return [*self._direct_tools(view).values(), *direct_only]
         directory = ""
+        likely_tools: list[ModelTool] = []
         if surface == "directory":
             directory = directory_listing([(t.id, t.description) for t in view.tools.values()])
-        return [*control_tools(surface, self.exec_description(), directory), *direct_only]
+            if likely:
+                hits = msgspec.json.decode(self._search_catalog().search(likely, LIKELY_SCHEMAS))
+                names = {tool_id: name for name, tool_id in self._direct_names(view).items()}
+                likely_tools = [
+                    ModelTool(names[h["id"]], h.get("description", ""), view.tools[h["id"]].input_schema or {})
+                    for h in hits
+                    if h["id"] in names
+                ]
+        return [*control_tools(surface, self.exec_description(), directory), *likely_tools, *direct_only]
 
     def payload_telemetry(self) -> dict[str, int]:
         """Serialized bytes of the tool definitions each surface sends the model."""
         return {surface: payload_bytes(self.model_tools(surface)) for surface in SURFACES}
 
-    def _direct_tools(self, view: CatalogView) -> dict[str, ModelTool]:
-        """Every catalog tool as its own definition, under a provider-safe unique name."""
-        out: dict[str, ModelTool] = {}
+    def _direct_names(self, view: CatalogView) -> dict[str, str]:
+        """Provider-safe unique names for the catalog tools: name -> catalog id."""
+        out: dict[str, str] = {}
         for tool in view.tools.values():
             name = _provider_name(tool.name)
             if name in out:
                 name = _provider_name(f"{tool.owner}__{tool.name}")
-            out[name] = ModelTool(name, tool.description, tool.input_schema or {"type": "object"})
+            out[name] = tool.id
         return out
+
+    def _direct_tools(self, view: CatalogView) -> dict[str, ModelTool]:
+        """Every catalog tool as its own definition, under its provider-safe name."""
+        return {
+            name: ModelTool(
+                name, view.tools[tool_id].description, view.tools[tool_id].input_schema or {"type": "object"}
+            )
+            for name, tool_id in self._direct_names(view).items()
+        }
 
     def _direct_target(self, name: str) -> str | None:
         """The catalog id behind a direct-surface tool name (or a direct-only tool)."""
@@ -442,8 +466,7 @@ class CodeMode:
         for tool in self._registry.all():
             if tool.direct_only and tool.name == name and name in view.direct:
                 return tool.id
-        by_name = {n: t.id for n, t in zip(self._direct_tools(view), view.tools.values(), strict=True)}
-        return by_name.get(name)
+        return self._direct_names(view).get(name)
 
     def _search_catalog(self) -> Catalog:
         """The run catalog for the structured tool-search surface (MCP tools included, by id)."""
@@ -858,9 +881,11 @@ class Session:
         for run in self.codemode._runs.of_session(self.scope):
             self.codemode.cancel(self.scope, run.run_id)
 
-    def model_tools(self, surface: Surface = "code", *, disable_tools: bool = False) -> list[ModelTool]:
+    def model_tools(
+        self, surface: Surface = "code", *, disable_tools: bool = False, likely: str | None = None
+    ) -> list[ModelTool]:
         """The model-facing tool definitions for ``surface``."""
-        return self.codemode.model_tools(surface, disable_tools=disable_tools)
+        return self.codemode.model_tools(surface, disable_tools=disable_tools, likely=likely)
 
     def handle(self, name: str, args: dict[str, Any] | None) -> dict[str, Any]:
         """Dispatches any model tool call of any surface and returns its JSON result."""
