@@ -1,0 +1,18 @@
+"""The README's usage example is real code: it runs here as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_readme_usage_example_runs_as_written():
+    text = README.read_text()
+    usage = text[text.index("## Use") :]
+    example = re.search(r"```python\n(.*?)```", usage, re.S)
+    assert example is not None, "the README lost its usage example"
+    namespace: dict[str, object] = {}
+    exec(compile(example.group(1), "README.md", "exec"), namespace)
+    assert namespace["result"]["status"] == "completed"  # type: ignore[index]
