@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 import random
 import re
@@ -119,7 +120,25 @@ class Waiting(msgspec.Struct, tag="waiting", tag_field="status", omit_defaults=T
 Result = Completed | Failed | Waiting
 
 _LOG_PREFIX = {2: "", 3: "", 4: "[warn] ", 5: "[error] "}
-_decode_json = msgspec.json.decode
+
+
+def _decode_json(text: str | bytes) -> Any:
+    """Guest JSON: JavaScript strings may hold lone UTF-16 surrogates, which JSON.stringify
+    escapes and msgspec (rightly) refuses; those become U+FFFD instead of failing the host."""
+    try:
+        return msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return _replace_surrogates(json.loads(text))
+
+
+def _replace_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, list):
+        return [_replace_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {_replace_surrogates(k): _replace_surrogates(v) for k, v in value.items()}
+    return value
 
 
 def _outputs(raw: list[tuple[int, str]], max_chars: int | None = None) -> list[Output]:
@@ -159,7 +178,7 @@ def _truncate(outputs: list[Output], budget: int) -> list[Output]:
     return [*kept_head, note, *kept_tail]
 
 
-_PRAGMA = re.compile(r"^\s*//\s*@(options|exec):\s*(\{.*\})\s*$")
+_PRAGMA = re.compile(r"^\s*//\s*@(options|exec):(.*)$")
 
 
 class CellOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -640,22 +640,25 @@ fn install_prelude<'js>(
             ctx.clone(),
             move |ctx: Ctx<'js>, tool: String, input: String| -> rquickjs::Result<Promise<'js>> {
                 let mut st = call_state.borrow_mut();
-                if st.resolvers.len() >= st.limits.max_pending_calls {
-                    return Err(Exception::throw_message(
-                        &ctx,
-                        &format!(
-                            "too many pending tool calls: at most {} may be in flight.",
-                            st.limits.max_pending_calls
-                        ),
-                    ));
-                }
-                if input.len() > st.limits.max_bridge_bytes {
-                    return Err(Exception::throw_range(
-                        &ctx,
-                        &format!("tool input is larger than the bridge limit ({} bytes).", st.limits.max_bridge_bytes),
-                    ));
-                }
+                let refusal = if st.resolvers.len() >= st.limits.max_pending_calls {
+                    Some(format!(
+                        "too many pending tool calls: at most {} may be in flight.",
+                        st.limits.max_pending_calls
+                    ))
+                } else if input.len() > st.limits.max_bridge_bytes {
+                    Some(format!("tool input is larger than the bridge limit ({} bytes).", st.limits.max_bridge_bytes))
+                } else {
+                    None
+                };
                 let (promise, resolve, reject) = ctx.promise()?;
+                if let Some(message) = refusal {
+                    // A call is a promise: a refused one rejects (`Promise.allSettled` sees it)
+                    // rather than throwing at the call site.
+                    drop(st);
+                    let error = Exception::from_message(ctx.clone(), &message)?;
+                    reject.call::<_, ()>((error,))?;
+                    return Ok(promise);
+                }
                 st.next_call_id = st.next_call_id.wrapping_add(1);
                 let id = st.next_call_id;
                 st.resolvers.insert(id, (Persistent::save(&ctx, resolve), Persistent::save(&ctx, reject)));

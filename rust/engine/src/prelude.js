@@ -152,6 +152,10 @@
     if (typeof id !== "string") {
       return PromiseCtor.reject(new ErrorCtor("tools.callValue(id, input): id must be a string"));
     }
+    if (id.length > 0 && id.charCodeAt(0) === 0) {
+      // The bridge's internal ids (yield, namespaces, MCP) are not tools.
+      return PromiseCtor.reject(new ErrorCtor("unknown tool: " + id));
+    }
     return hostCall(id, toJson(input === undefined ? {} : input));
   }
   async function call(id, input) {
@@ -439,6 +443,10 @@
   GuestDate.parse = RealDate.parse;
   GuestDate.UTC = RealDate.UTC;
   ObjectDefineProperty(G, "Date", { value: GuestDate, writable: true, configurable: true });
+
+  // V8-style stack hooks would hand a guest the prelude's own closures through
+  // `CallSite.getFunction()`: pin them to "absent".
+  ObjectDefineProperty(ErrorCtor, "prepareStackTrace", { value: undefined, writable: false, configurable: false });
 
   // ---- what is never present -----------------------------------------------------------------
   const absent = ["WeakRef", "FinalizationRegistry", "performance", "setTimeout", "setInterval", "require", "process"];
