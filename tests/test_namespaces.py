@@ -333,19 +333,21 @@ def test_rejected_registration_leaves_no_namespace_behind(ns):
 # ---- forged calls ----------------------------------------------------------------------------------
 
 
+# The namespace channel is not reachable through tools.callValue at all (the prelude refuses the
+# bridge's internal ids); the host's own path and id checks stand behind that.
 def test_forged_namespace_id_is_refused(ns):
     call = "tools.callValue('\\u0000ns', {ns: 'forged-ns', path: 'list', args: []})"
-    assert "unknown namespace function forged-ns:list" in guest_error(ns, call)
+    assert "unknown tool" in guest_error(ns, call)
 
 
 @pytest.mark.parametrize("path", ["repository", "nope", "admin", "list.constructor"])
 def test_forged_namespace_path_is_refused(ns, path):
     call = f"tools.callValue('\\u0000ns', {{ns: 'github-issues', path: '{path}', args: []}})"
-    assert f"unknown namespace function github-issues:{path}" in guest_error(ns, call)
+    assert "unknown tool" in guest_error(ns, call)
 
 
 def test_malformed_namespace_call_is_refused(ns):
-    assert "malformed namespace call" in guest_error(ns, "tools.callValue('\\u0000ns', 'garbage')")
+    assert "unknown tool" in guest_error(ns, "tools.callValue('\\u0000ns', 'garbage')")
 
 
 # ---- calls go through the catalog tool path --------------------------------------------------------
@@ -494,3 +496,25 @@ def test_cleared_global_name_can_be_registered_again(make_codemode):
     cm.clear_namespaces(PLUGIN)
     cm.register_namespace(PLUGIN, issues_registration(id="github-issues-v2"))
     assert value(cm.session(), "return (await describeNamespace('Issues')).id") == "github-issues-v2"
+
+
+def test_host_refuses_forged_namespace_paths_even_if_a_frame_carries_one():
+    """Defence in depth: a worker frame is untrusted, so the dispatcher checks paths itself."""
+    import asyncio
+
+    from codemode.tools import NAMESPACE_TOOL, CatalogView, Dispatcher
+
+    view = CatalogView(tools={}, catalog_json="[]", fingerprint="", counts={}, direct=())
+    dispatcher = Dispatcher(view, asyncio.new_event_loop, namespace_calls={("github-issues", "list"): ("x", None)})
+    dispatcher.submit(
+        [
+            (1, NAMESPACE_TOOL, '{"ns": "forged-ns", "path": "list", "args": []}'),
+            (2, NAMESPACE_TOOL, '{"ns": "github-issues", "path": "list.constructor", "args": []}'),
+            (3, NAMESPACE_TOOL, '"garbage"'),
+        ]
+    )
+    results = {call_id: message for call_id, _, message in dispatcher.take_ready()}
+    dispatcher.close()
+    assert "unknown namespace function forged-ns:list" in results[1]
+    assert "unknown namespace function github-issues:list.constructor" in results[2]
+    assert "malformed namespace call" in results[3]
