@@ -13,7 +13,6 @@ import json
 import os
 import random
 import re
-import select
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -512,14 +511,8 @@ class CodeMode:
             dispatcher.submit([(1, MCP_TOOL, msgspec.json.encode({"id": tool_id, "input": args or {}}).decode())])
         else:
             dispatcher.submit([(1, tool_id, payload)])
-        deadline = time.monotonic() + self.config.timeout_ms / 1000.0
         try:
-            results = dispatcher.take_ready()
-            while not results and dispatcher.pending() and time.monotonic() < deadline:
-                poller = select.poll()
-                poller.register(dispatcher.wake_fd, select.POLLIN)
-                poller.poll(max(1.0, (deadline - time.monotonic()) * 1000.0))
-                results = dispatcher.take_ready()
+            results = dispatcher.wait_ready(time.monotonic() + self.config.timeout_ms / 1000.0)
         finally:
             dispatcher.close()
         if not results:

@@ -345,15 +345,7 @@ class Supervisor:
         least one until the deadline."""
         results: list[tuple[int, bool, str]] = [(call_id, True, "null") for call_id in run.yields]
         run.yields.clear()
-        results.extend(run.dispatcher.take_ready())
-        while not results and run.dispatcher.pending():
-            timeout = deadline - time.monotonic()
-            if timeout <= 0:
-                break
-            poller = select.poll()
-            poller.register(run.dispatcher.wake_fd, select.POLLIN)
-            poller.poll(timeout * 1000.0)
-            results.extend(run.dispatcher.take_ready())
+        results.extend(run.dispatcher.take_ready() if results else run.dispatcher.wait_ready(deadline))
         return results
 
     def _replay(

@@ -17,6 +17,7 @@ import hashlib
 import inspect
 import os
 import re
+import select
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -570,6 +571,20 @@ class Dispatcher:
             except BlockingIOError:
                 pass
         return ready
+
+    def wait_ready(self, deadline: float) -> list[tuple[int, bool, str]]:
+        """The results ready now or, if none, the first to finish before ``deadline``
+        (``time.monotonic``); empty if nothing is running or the deadline passes."""
+        results = self.take_ready()
+        while not results and self.pending():
+            timeout = deadline - time.monotonic()
+            if timeout <= 0:
+                break
+            poller = select.poll()
+            poller.register(self.wake_fd, select.POLLIN)
+            poller.poll(timeout * 1000.0)
+            results = self.take_ready()
+        return results
 
     def pending(self) -> int:
         with self._lock:
