@@ -38,7 +38,7 @@ WHEEL_FORCE := $(if $(wildcard dist/codemode-*.whl),,FORCE)
 export PIP_NO_INPUT := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv build test test-wheel mcp-servers lint demo bench wheel clean FORCE
+.PHONY: soak help venv build test test-wheel mcp-servers lint demo bench wheel clean FORCE
 
 help: ## Show this help
 	@echo "usage: make <target>"
@@ -91,6 +91,9 @@ bench: build ## Run benches/ side by side with a pipe round trip and pydantic-mo
 	$(VPY) -m pytest benches --benchmark-only --benchmark-enable \
 	  --benchmark-columns=min,median,mean,ops -q -p no:cacheprovider --benchmark-json=.benchmarks/latest.json
 	$(VPY) benches/report.py .benchmarks/latest.json --write README.md
+
+soak: build ## Load and fault test: concurrent sessions, hostile cells, waits, random worker SIGKILLs (SOAK_SECONDS, default 60)
+	$(VPY) tools/soak.py --seconds $${SOAK_SECONDS:-60}
 
 wheel: $(WHEEL_STAMP) ## Build the abi3 manylinux2014 (manylinux_2_17) wheel into dist/ with maturin + zig
 

@@ -325,3 +325,44 @@ def test_any_latencies_and_deadline_give_the_value_of_an_unhurried_run(latencies
     result = resume_until_done(s, s.exec({"code": code}), rounds=200)
     assert result["status"] == "completed", result
     assert result["value"] == expected["value"]
+
+
+# ---- queueing for a worker is not guest time ---------------------------------------------------------
+
+BUSY = "let n = 0; for (let i = 0; i < 4e7; i++) n += i & 1; return n"  # ~0.5 s of CPU in QuickJS
+SHORT = '// @options: {"timeout_ms": 100}\n'
+
+
+def _busy_in_background(cm: CodeMode) -> tuple[threading.Thread, list[dict[str, Any]]]:
+    got: list[dict[str, Any]] = []
+    thread = threading.Thread(target=lambda: got.append(cm.session("busy").exec({"code": BUSY})))
+    thread.start()
+    time.sleep(0.1)  # the one worker is now running BUSY
+    return thread, got
+
+
+def test_exec_queued_behind_a_long_cell_keeps_its_whole_budget(gate: Gate) -> None:
+    with CodeMode({"workers": 1, "timeoutMs": 5000}) as cm:
+        add_tools(cm, gate)
+        thread, busy = _busy_in_background(cm)
+        result = cm.session("s").exec({"code": SHORT + "return 7"})
+        thread.join()
+        assert result["status"] == "completed", result
+        assert result["value"] == 7
+        assert busy[0]["status"] == "completed", busy
+        assert cm._supervisor.killed == 0
+
+
+def test_wait_whose_resident_worker_is_busy_keeps_its_whole_budget(gate: Gate) -> None:
+    with CodeMode({"workers": 1, "timeoutMs": 5000}) as cm:
+        add_tools(cm, gate)
+        session = cm.session("s")
+        waiting = session.exec({"code": SHORT + "await yield_control(); return await tools.fast({n: 3})"})
+        assert waiting["status"] == "waiting", waiting
+        thread, busy = _busy_in_background(cm)
+        result = session.wait({"runId": waiting["runId"]})
+        thread.join()
+        assert result["status"] == "completed", result
+        assert result["value"] == 3
+        assert busy[0]["status"] == "completed", busy
+        assert cm._supervisor.killed == 0

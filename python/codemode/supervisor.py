@@ -283,7 +283,6 @@ class Supervisor:
     # ---- runs ----------------------------------------------------------------------------------
     def start(self, run: Run, configure: Configure, timeout_ms: int) -> Step:
         """Runs a new cell until it completes, fails, or suspends at the deadline."""
-        deadline = time.monotonic() + timeout_ms / 1000.0
         journal = run.journal
         run.engine_run = next(self._run_ids)
         start = Start(
@@ -294,6 +293,9 @@ class Supervisor:
             worker = self._hand_over(configure, start, step)
             if worker is None:
                 return step
+            # The budget starts when a worker has the cell: time queued for a free worker is not
+            # the guest's (the engine's own interrupt clock starts when it reads the frame, too).
+            deadline = time.monotonic() + timeout_ms / 1000.0
             try:
                 return self._drive(worker, run, deadline, step)
             except WorkerCrashed:
@@ -312,11 +314,14 @@ class Supervisor:
             step.status, step.reason = "suspended", "pending_tools"
             return step
         worker = run.worker
+        queued = time.monotonic()
         if worker is not None and self._claim(worker):
+            # Time spent waiting for the resident worker to finish another run is not the guest's.
+            deadline += time.monotonic() - queued
             run.journal.batches.append(results)
             try:
                 try:
-                    worker.send(Settle(run.engine_run, results, timeout_ms))
+                    worker.send(Settle(run.engine_run, results, _remaining_ms(deadline)))
                 except WorkerCrashed:
                     self._release(worker, discard=True)
                     raise
@@ -363,9 +368,11 @@ class Supervisor:
             run.engine_run, journal.source, journal.language, float(timeout_ms), journal.seed, journal.run_json
         )
         frame = Replay(start, journal.batches, journal.clock_reads)
+        queued = time.monotonic()
         worker = self._hand_over(configure, frame, step)
         if worker is None:
             return step
+        deadline += time.monotonic() - queued
         try:
             report = worker.recv(deadline + KILL_GRACE_S)
             expected = [(c.id, c.tool, c.input_hash) for c in journal.calls]
@@ -385,7 +392,7 @@ class Supervisor:
                     f"code mode run diverged on replay: {_divergence(expected, got, report.status)}",
                 )
                 return step
-            worker.send(Settle(run.engine_run, results, max(1.0, (deadline - time.monotonic()) * 1000.0)))
+            worker.send(Settle(run.engine_run, results, _remaining_ms(deadline)))
             journal.batches.append(results)
             return self._drive(worker, run, deadline, step)
         except Deadline:
@@ -513,8 +520,11 @@ class Supervisor:
             for call_id, _, _ in results:
                 journal.open_inputs.pop(call_id, None)
             journal.batches.append(results)
-            remaining_ms = max(1.0, (deadline - time.monotonic()) * 1000.0)
-            worker.send(Settle(run.engine_run, results, remaining_ms))
+            worker.send(Settle(run.engine_run, results, _remaining_ms(deadline)))
+
+
+def _remaining_ms(deadline: float) -> float:
+    return max(1.0, (deadline - time.monotonic()) * 1000.0)
 
 
 def _divergence(expected: list[tuple[int, str, str]], got: list[tuple[int, str, str]], status: str) -> str:
