@@ -366,3 +366,21 @@ def test_wait_whose_resident_worker_is_busy_keeps_its_whole_budget(gate: Gate) -
         assert result["value"] == 3
         assert busy[0]["status"] == "completed", busy
         assert cm._supervisor.killed == 0
+
+
+def test_results_arriving_at_the_deadline_still_get_time_to_be_used(gate: Gate) -> None:
+    """A tool finishing just before the deadline: the guest gets the settle floor to use it,
+    instead of a timeout with a few milliseconds left."""
+    with CodeMode({"workers": 1}) as cm:
+        add_tools(cm, gate)
+        session = cm.session("s")
+        code = SHORT + (
+            "const v = await tools.sleepy({ms: 90, value: 5});"
+            " let n = 0; for (let i = 0; i < 2e6; i++) n += i & 1; return v + n"
+        )
+        for _ in range(3):
+            result = session.exec({"code": code})
+            while result["status"] == "waiting":
+                result = session.wait({"runId": result["runId"]})
+            assert result["status"] == "completed", result
+            assert result["value"] == 5 + 1_000_000

@@ -45,6 +45,10 @@ __all__ = ["KILL_GRACE_S", "Step", "Supervisor"]
 
 #: How long past the deadline a worker may take to report before it is killed.
 KILL_GRACE_S = 0.25
+#: The least time a run gets to use tool results it is handed, even when they arrive just at the
+#: deadline (the smallest allowed ``timeoutMs``): otherwise a result landing late in a ``wait``
+#: would turn into a timeout instead of progress.
+SETTLE_FLOOR_S = 0.1
 #: How long a new worker may take to say it is ready.
 SPAWN_TIMEOUT_S = 10.0
 #: RLIMIT_AS for a worker: QuickJS heaps are capped by their own allocator; this bounds the rest.
@@ -321,11 +325,11 @@ class Supervisor:
             run.journal.batches.append(results)
             try:
                 try:
-                    worker.send(Settle(run.engine_run, results, _remaining_ms(deadline)))
+                    guest_until = self._settle(worker, run, results, deadline)
                 except WorkerCrashed:
                     self._release(worker, discard=True)
                     raise
-                return self._drive(worker, run, deadline, step)
+                return self._drive(worker, run, deadline, step, guest_until)
             except WorkerCrashed:
                 if step.reports:
                     return step
@@ -372,9 +376,12 @@ class Supervisor:
         worker = self._hand_over(configure, frame, step)
         if worker is None:
             return step
-        deadline += time.monotonic() - queued
         try:
-            report = worker.recv(deadline + KILL_GRACE_S)
+            # Rebuilding is not the guest's time: the replay has the budget the engine gives it
+            # (a timeout per step), and the guest's wait budget starts once the runtime is back.
+            steps = len(journal.batches) + 1
+            report = worker.recv(time.monotonic() + steps * timeout_ms / 1000.0 + KILL_GRACE_S)
+            deadline += time.monotonic() - queued
             expected = [(c.id, c.tool, c.input_hash) for c in journal.calls]
             got = (
                 [(call_id, tool, input_hash(data)) for call_id, tool, data in report.calls]
@@ -392,9 +399,9 @@ class Supervisor:
                     f"code mode run diverged on replay: {_divergence(expected, got, report.status)}",
                 )
                 return step
-            worker.send(Settle(run.engine_run, results, _remaining_ms(deadline)))
+            guest_until = self._settle(worker, run, results, deadline)
             journal.batches.append(results)
-            return self._drive(worker, run, deadline, step)
+            return self._drive(worker, run, deadline, step, guest_until)
         except Deadline:
             self._release(worker, discard=True)
             step.failure = _failed("timeout", "TimeoutError", "code mode replay timed out.")
@@ -429,12 +436,12 @@ class Supervisor:
                     return None
         return None
 
-    def _drive(self, worker: WorkerProcess, run: Run, deadline: float, step: Step) -> Step:
+    def _drive(self, worker: WorkerProcess, run: Run, deadline: float, step: Step, guest_until: float = 0.0) -> Step:
         """Reads reports, runs tools, settles, until the run ends or suspends; then releases
         the worker (killed and replaced if it misbehaved or overran)."""
         discard = False
         try:
-            self._loop(worker, run, deadline, step)
+            self._loop(worker, run, deadline, step, max(deadline, guest_until))
         except Deadline:
             # The guest is still running past deadline + grace: only a kill stops it.
             discard = True
@@ -462,11 +469,19 @@ class Supervisor:
         self._release(worker, discard=discard)
         return step
 
-    def _loop(self, worker: WorkerProcess, run: Run, deadline: float, step: Step) -> None:
+    def _settle(self, worker: WorkerProcess, run: Run, results: list[tuple[int, bool, str]], deadline: float) -> float:
+        """Hands results to the guest; returns until when it may run on them."""
+        guest_until = max(deadline, time.monotonic() + SETTLE_FLOOR_S)
+        worker.send(Settle(run.engine_run, results, (guest_until - time.monotonic()) * 1000.0))
+        return guest_until
+
+    def _loop(self, worker: WorkerProcess, run: Run, deadline: float, step: Step, guest_until: float) -> None:
+        """``deadline`` ends the waiting for tools; ``guest_until`` (never earlier) the guest's
+        running on what it was last handed."""
         journal = run.journal
         dispatcher = run.dispatcher
         while True:
-            frame = worker.recv(deadline + KILL_GRACE_S)
+            frame = worker.recv(guest_until + KILL_GRACE_S)
             if isinstance(frame, Fault):
                 raise WorkerUnavailable(f"code mode runtime is unavailable: {frame.message}")
             if not isinstance(frame, Report) or frame.run != run.engine_run:
@@ -520,11 +535,7 @@ class Supervisor:
             for call_id, _, _ in results:
                 journal.open_inputs.pop(call_id, None)
             journal.batches.append(results)
-            worker.send(Settle(run.engine_run, results, _remaining_ms(deadline)))
-
-
-def _remaining_ms(deadline: float) -> float:
-    return max(1.0, (deadline - time.monotonic()) * 1000.0)
+            guest_until = self._settle(worker, run, results, deadline)
 
 
 def _divergence(expected: list[tuple[int, str, str]], got: list[tuple[int, str, str]], status: str) -> str:
