@@ -38,7 +38,7 @@ WHEEL_FORCE := $(if $(wildcard dist/codemode-*.whl),,FORCE)
 export PIP_NO_INPUT := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: soak help venv build test test-wheel mcp-servers lint demo bench wheel clean FORCE
+.PHONY: soak help venv build test test-wheel mcp-servers lint demo bench bench-peers wheel clean FORCE
 
 help: ## Show this help
 	@echo "usage: make <target>"
@@ -91,6 +91,16 @@ bench: build ## Run benches/ side by side with a pipe round trip and pydantic-mo
 	$(VPY) -m pytest benches --benchmark-only --benchmark-enable \
 	  --benchmark-columns=min,median,mean,ops -q -p no:cacheprovider --benchmark-json=.benchmarks/latest.json
 	$(VPY) benches/report.py .benchmarks/latest.json --write README.md
+
+PEER_DEPS := mini-racer==0.14.1 quickjs==1.19.4 pydantic-monty matplotlib==3.11.2
+
+bench-peers: build ## The same cells in codemode, mini-racer, quickjs, pydantic-monty and Node + quickjs-wasi; rewrite README's peer table and docs/peers.png
+	@$(VPY) -c 'from importlib.metadata import version as v; import pydantic_monty; \
+	  assert (v("mini-racer"), v("quickjs"), v("matplotlib")) == ("0.14.1", "1.19.4", "3.11.2")' 2>/dev/null \
+	  || { echo ">> installing $(PEER_DEPS)"; $(PIP) install $(PEER_DEPS); }
+	@test -d benches/peers/node/node_modules \
+	  || { echo ">> npm ci in benches/peers/node"; cd benches/peers/node && npm ci --no-audit --no-fund; }
+	$(VPY) benches/peers/run.py --write README.md
 
 soak: build ## Load and fault test: concurrent sessions, hostile cells, waits, random worker SIGKILLs (SOAK_SECONDS, default 60)
 	$(VPY) tools/soak.py --seconds $${SOAK_SECONDS:-60}
