@@ -76,6 +76,17 @@ def child_pids() -> set[int]:
     return pids
 
 
+def rss_drift_kib(samples: list[tuple[float, int]]) -> int:
+    """Median RSS of the last third of the samples minus that of the first third: a leak shows
+    as a steady rise, while single spikes (a hostile cell's huge tool result) do not count."""
+    third = len(samples) // 3
+    if third == 0:
+        return 0
+    first = sorted(k for _, k in samples[:third])
+    last = sorted(k for _, k in samples[-third:])
+    return last[len(last) // 2] - first[len(first) // 2]
+
+
 def percentile(values: list[float], p: float) -> float:
     if not values:
         return float("nan")
@@ -242,8 +253,12 @@ def main() -> int:
         time.sleep(max(0.0, warm_until - time.monotonic()))
         rss["warm"] = rss_kib()
         calls_at_warm = tally.calls
+        samples: list[tuple[float, int]] = []
+        while any(t.is_alive() for t in threads) and time.monotonic() < end + 120:
+            samples.append((time.monotonic(), rss_kib()))
+            time.sleep(0.5)
         for t in threads:
-            t.join(args.seconds + 120)
+            t.join(1.0)
         stop.set()
         kill_thread.join()
         elapsed = time.monotonic() - started
@@ -269,8 +284,11 @@ def main() -> int:
     print(f"  exec/wait calls        {tally.calls}  ({(tally.calls - calls_at_warm) / measured_s:.1f}/s after warm-up)")
     print(f"  latency per call       p50 {percentile(lat, 50):.2f} ms, p99 {percentile(lat, 99):.2f} ms")
     print(f"  SIGKILLs sent          {len(tally.kills) - 1}; workers spawned {spawned}, killed by supervisor {killed}")
-    print(f"  host RSS               {rss['warm']} KiB after warm-up -> {rss['end']} KiB at end ", end="")
-    print(f"(drift {rss['end'] - rss['warm']:+d} KiB)")
+    peak = max((kib for _, kib in samples), default=rss["end"])
+    print(
+        f"  host RSS               {rss['warm']} KiB after warm-up, peak {peak} KiB, {rss['end']} KiB at end;", end=""
+    )
+    print(f" drift {rss_drift_kib(samples):+d} KiB (median of the last third of the run vs the first)")
     print(f"  runs lost              {len(tally.lost)}")
     for why in tally.lost[:20]:
         print(f"    - {why}")
