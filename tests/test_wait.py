@@ -384,3 +384,71 @@ def test_results_arriving_at_the_deadline_still_get_time_to_be_used(gate: Gate) 
                 result = session.wait({"runId": result["runId"]})
             assert result["status"] == "completed", result
             assert result["value"] == 5 + 1_000_000
+
+
+# ---- async results settled from the tool's own thread ---------------------------------------------
+
+
+def test_async_results_small_and_large_reach_the_guest_in_order(gate: Gate) -> None:
+    """Small results are settled by the tool's thread, large ones (past the pipe-sized limit)
+    wake the driver; both arrive intact and in the guest's order."""
+    with CodeMode({"workers": 1, "timeoutMs": 5000}) as cm:
+        add_tools(cm, gate)
+
+        @cm.tool
+        async def blob(n: int) -> str:
+            await asyncio.sleep(0.001)
+            return "x" * n
+
+        code = """
+            const sizes = [10, 200000, 5, 40000, 1];
+            const got = [];
+            for (const n of sizes) got.push((await tools.blob({n})).length);
+            const many = await Promise.all(sizes.map(n => tools.blob({n})));
+            return [got, many.map(s => s.length)];
+        """
+        result = cm.session("s").exec({"code": code})
+        sizes = [10, 200000, 5, 40000, 1]
+        assert result["status"] == "completed", result
+        assert result["value"] == [sizes, sizes]
+
+
+def test_worker_killed_while_parked_on_an_async_tool() -> None:
+    """The worker dies while the run waits for an async tool: the run fails with a clear error,
+    the late result is written nowhere, and the next cells (on the replacement) work."""
+    with CodeMode({"workers": 1, "timeoutMs": 5000}) as cm:
+        started = threading.Event()
+
+        @cm.tool
+        async def late(x: int) -> int:
+            started.set()
+            await asyncio.sleep(0.3)
+            return x
+
+        session = cm.session("s")
+        killer = threading.Thread(
+            target=lambda: started.wait(5) and os.kill(cm._supervisor.worker_pids()[0], signal.SIGKILL)
+        )
+        killer.start()
+        result = session.exec({"code": "return await tools.late({x: 1})"})
+        killer.join()
+        assert result["status"] == "failed", result
+        assert result["code"] == "internal_error"
+        assert "crashed" in result["error"]
+        time.sleep(0.4)  # the late result lands after the run has ended
+        for _ in range(3):
+            assert session.exec({"code": "return await tools.late({x: 2})"})["value"] == 2
+
+
+@pytest.mark.parametrize("tool", ["fast", "sleepy"])
+def test_a_cell_that_keeps_calling_tools_still_times_out(gate: Gate, tool: str) -> None:
+    """The settle floor is granted once per exec: a ping-pong loop over a sync or an async tool
+    ends with `timeout` soon after the deadline, it is not kept alive by each result."""
+    with CodeMode({"workers": 1}) as cm:
+        add_tools(cm, gate)
+        args = "{n: 1}" if tool == "fast" else "{ms: 1, value: 1}"
+        started = time.monotonic()
+        result = cm.session("s").exec({"code": SHORT + f"for (;;) await tools.{tool}({args})"})
+        assert result["status"] == "failed", result
+        assert result["code"] == "timeout"
+        assert time.monotonic() - started < 2.0

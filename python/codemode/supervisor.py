@@ -25,6 +25,7 @@ the worker; the SIGKILL at deadline + grace is the backstop for builtins that ne
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import select
 import signal
@@ -103,6 +104,18 @@ class WorkerProcess:
         except OSError as e:
             raise self.crashed(f"worker {self.pid} stopped reading: {e}") from None
 
+    def send_quietly(self, frame: msgspec.Struct) -> None:
+        """``send`` from a thread that is not driving this worker: a write that fails is left
+        for the driver to notice (end of file on the pipe it reads), nothing is closed here."""
+        data = protocol.encode(frame)
+        with self.write_lock:  # `close_pipes` takes it too: the fd cannot be closed and reused meanwhile
+            if self.proc.stdin is None or self.proc.stdin.closed:
+                return
+            try:
+                protocol.write_all(self.wfd, data)
+            except OSError:
+                pass
+
     def recv(self, deadline: float, wake_fd: int | None = None) -> protocol.WorkerFrame | None:
         """The next frame; None if ``wake_fd`` became readable first. Raises ``Deadline``."""
         reader = self.reader
@@ -153,9 +166,10 @@ class WorkerProcess:
         self.close_pipes()
 
     def close_pipes(self) -> None:
-        for stream in (self.proc.stdin, self.proc.stdout):
-            if stream is not None and not stream.closed:
-                stream.close()
+        with self.write_lock:
+            for stream in (self.proc.stdin, self.proc.stdout):
+                if stream is not None and not stream.closed:
+                    stream.close()
 
     def shutdown(self, wait_s: float = 0.5) -> None:
         """Asks the worker to exit (EOF on stdin), then kills it if it lingers."""
@@ -182,6 +196,9 @@ class Step(msgspec.Struct):
     describes: int = 0
     memory_bytes: int = 0
     reports: int = 0
+    #: The deadline has had its one settle-floor extension (see `Supervisor._settle`).
+    extended: bool = False
+    deadline: float = 0.0
 
 
 def _failed(code: str, name: str, message: str) -> tuple[str | None, str, str, str]:
@@ -325,11 +342,11 @@ class Supervisor:
             run.journal.batches.append(results)
             try:
                 try:
-                    guest_until = self._settle(worker, run, results, deadline)
+                    deadline = self._settle(worker, run, results, deadline, step)
                 except WorkerCrashed:
                     self._release(worker, discard=True)
                     raise
-                return self._drive(worker, run, deadline, step, guest_until)
+                return self._drive(worker, run, deadline, step)
             except WorkerCrashed:
                 if step.reports:
                     return step
@@ -399,9 +416,9 @@ class Supervisor:
                     f"code mode run diverged on replay: {_divergence(expected, got, report.status)}",
                 )
                 return step
-            guest_until = self._settle(worker, run, results, deadline)
+            deadline = self._settle(worker, run, results, deadline, step)
             journal.batches.append(results)
-            return self._drive(worker, run, deadline, step, guest_until)
+            return self._drive(worker, run, deadline, step)
         except Deadline:
             self._release(worker, discard=True)
             step.failure = _failed("timeout", "TimeoutError", "code mode replay timed out.")
@@ -436,12 +453,12 @@ class Supervisor:
                     return None
         return None
 
-    def _drive(self, worker: WorkerProcess, run: Run, deadline: float, step: Step, guest_until: float = 0.0) -> Step:
+    def _drive(self, worker: WorkerProcess, run: Run, deadline: float, step: Step) -> Step:
         """Reads reports, runs tools, settles, until the run ends or suspends; then releases
         the worker (killed and replaced if it misbehaved or overran)."""
         discard = False
         try:
-            self._loop(worker, run, deadline, step, max(deadline, guest_until))
+            self._loop(worker, run, deadline, step)
         except Deadline:
             # The guest is still running past deadline + grace: only a kill stops it.
             discard = True
@@ -469,19 +486,36 @@ class Supervisor:
         self._release(worker, discard=discard)
         return step
 
-    def _settle(self, worker: WorkerProcess, run: Run, results: list[tuple[int, bool, str]], deadline: float) -> float:
-        """Hands results to the guest; returns until when it may run on them."""
-        guest_until = max(deadline, time.monotonic() + SETTLE_FLOOR_S)
-        worker.send(Settle(run.engine_run, results, (guest_until - time.monotonic()) * 1000.0))
-        return guest_until
+    def _settle(
+        self,
+        worker: WorkerProcess,
+        run: Run,
+        results: list[tuple[int, bool, str]],
+        deadline: float,
+        step: Step,
+        *,
+        driving: bool = True,
+    ) -> float:
+        """Hands results to the guest; returns the deadline, pushed out once per exec/wait call
+        so that results handed over just before it still get ``SETTLE_FLOOR_S`` of guest time."""
+        now = time.monotonic()
+        if not step.extended and deadline - now < SETTLE_FLOOR_S:
+            deadline, step.extended = now + SETTLE_FLOOR_S, True
+        step.deadline = deadline
+        frame = Settle(run.engine_run, results, max(1.0, (deadline - now) * 1000.0))
+        if driving:
+            worker.send(frame)
+        else:
+            worker.send_quietly(frame)
+        return deadline
 
-    def _loop(self, worker: WorkerProcess, run: Run, deadline: float, step: Step, guest_until: float) -> None:
-        """``deadline`` ends the waiting for tools; ``guest_until`` (never earlier) the guest's
-        running on what it was last handed."""
+    def _loop(self, worker: WorkerProcess, run: Run, deadline: float, step: Step) -> None:
         journal = run.journal
         dispatcher = run.dispatcher
+        frame: protocol.WorkerFrame | None = None
         while True:
-            frame = worker.recv(guest_until + KILL_GRACE_S)
+            if frame is None:
+                frame = worker.recv(deadline + KILL_GRACE_S)
             if isinstance(frame, Fault):
                 raise WorkerUnavailable(f"code mode runtime is unavailable: {frame.message}")
             if not isinstance(frame, Report) or frame.run != run.engine_run:
@@ -512,30 +546,63 @@ class Supervisor:
             if calls:
                 step.tool_calls += len(calls)
                 dispatcher.submit(calls)
-            # Parked: the guest awaits tools and the worker answers nothing until we settle.
+            frame = None
+            # Parked: the guest awaits tools and the worker answers nothing until it is settled.
             while True:
                 if run.yields:
                     step.status, step.reason = "suspended", "yield"
                     return
                 results = dispatcher.take_ready()
                 if results:
+                    deadline = self._hand_results(worker, run, results, deadline, step)
                     break
                 if journal.restart_safe:
                     # Restart-safe runs never drain within the call: each result goes through
                     # a `wait`, where a replay check applies.
                     step.status, step.reason = "suspended", "pending_tools"
                     return
+                # The first async result is settled by the thread that finished it: the worker
+                # gets it without a wake-up (and a GIL hand-off) of this thread in between.
+                dispatcher.arm(
+                    functools.partial(self._hand_results, worker, run, deadline=deadline, step=step, driving=False)
+                )
                 try:
                     spoke = worker.recv(deadline, dispatcher.wake_fd)
+                    timed_out = False
                 except Deadline:
+                    spoke, timed_out = None, True
+                finally:
+                    # Never left armed: a late result must not be written to a worker (or a
+                    # reused fd) after this run has moved on.
+                    armed = dispatcher.disarm()
+                if not armed:
+                    # Settled by a tool's thread: the worker's report is next (or already here).
+                    # (its deadline, if it has got that far: else ours, which the grace covers)
+                    deadline = max(deadline, step.deadline)
+                    frame = spoke
+                    break
+                if timed_out:
                     step.status, step.reason = "suspended", "pending_tools"
                     return
                 if spoke is not None:
                     raise ProtocolError(f"worker {worker.pid} spoke while parked")
-            for call_id, _, _ in results:
-                journal.open_inputs.pop(call_id, None)
-            journal.batches.append(results)
-            guest_until = self._settle(worker, run, results, deadline)
+
+    def _hand_results(
+        self,
+        worker: WorkerProcess,
+        run: Run,
+        results: list[tuple[int, bool, str]],
+        deadline: float,
+        step: Step,
+        *,
+        driving: bool = True,
+    ) -> float:
+        """Journals a batch of results and settles it into the run; returns the deadline.
+        ``driving=False``: on a tool's thread while the driver is parked."""
+        for call_id, _, _ in results:
+            run.journal.open_inputs.pop(call_id, None)
+        run.journal.batches.append(results)
+        return self._settle(worker, run, results, deadline, step, driving=driving)
 
 
 def _divergence(expected: list[tuple[int, str, str]], got: list[tuple[int, str, str]], status: str) -> str:

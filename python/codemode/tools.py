@@ -292,6 +292,11 @@ class Refused(Exception):
     """A call stopped before its tool ran (blocked, not approved): the message is for the guest."""
 
 
+#: Results up to this size are handed to a parked run from the tool's own thread (a pipe holds
+#: them without blocking that thread); larger ones wake the run driver.
+DIRECT_SETTLE_BYTES = 32 << 10
+
+
 def _error_message(tool_id: str, exc: BaseException) -> str:
     if isinstance(exc, Refused):
         return f"tool {tool_id}: {exc}"
@@ -337,8 +342,12 @@ class Dispatcher:
         self.resolved: dict[int, str] = {}
         self._ready: list[tuple[int, bool, str]] = []
         self._lock = threading.Lock()
-        self._futures: dict[int, concurrent.futures.Future[Any]] = {}
+        #: In-flight async calls (None until `run_coroutine_threadsafe` has returned the future).
+        self._futures: dict[int, concurrent.futures.Future[Any] | None] = {}
         self._pipe: tuple[int, int] | None = None
+        #: Set while the run driver is parked (`arm`): the first finished call hands the ready
+        #: results to it on the thread that finished them, without waking the driver.
+        self._on_ready: Callable[[list[tuple[int, bool, str]]], object] | None = None
 
     @property
     def wake_fd(self) -> int:
@@ -530,36 +539,57 @@ class Dispatcher:
     ) -> None:
         started = time.perf_counter()
 
-        async def guarded() -> tuple[int, bool, str]:
+        async def guarded() -> None:
+            # Delivers from inside the task: no extra loop iterations for future callbacks.
             try:
-                return await call()
+                result = await call()
             except Exception as e:
-                return (call_id, False, _error_message(label, e))
+                result = (call_id, False, _error_message(label, e))
+            self._deliver(call_id, label, started, result)
 
-        _ = self.wake_fd  # created here, on the driving thread, before any callback can need it
+        _ = self.wake_fd  # created here, on the driving thread, before any call can need it
+        with self._lock:
+            self._futures[call_id] = None  # it may finish before run_coroutine_threadsafe returns
         future = asyncio.run_coroutine_threadsafe(guarded(), (loop or self._loop)())
         with self._lock:
-            self._futures[call_id] = future
-        future.add_done_callback(lambda f: self._finished(call_id, label, started, f))
+            if call_id in self._futures:
+                self._futures[call_id] = future
+                return
+        future.cancel()  # cancelled meanwhile (a no-op if it was delivered already)
 
-    def _finished(
-        self, call_id: int, label: str, started: float, future: concurrent.futures.Future[tuple[int, bool, str]]
-    ) -> None:
-        if future.cancelled():
-            return
-        exc = future.exception()
-        result = (call_id, False, _error_message(label, exc)) if exc else future.result()
+    def _deliver(self, call_id: int, label: str, started: float, result: tuple[int, bool, str]) -> None:
         self._record(call_id, label, started, result[1])
         with self._lock:
-            if self._futures.pop(call_id, None) is None:
-                return
+            if call_id not in self._futures:
+                return  # cancelled
+            del self._futures[call_id]
             self._ready.append(result)
-            # Under the lock: `close` cannot close the pipe (and free its fd number) meanwhile.
-            if self._pipe is not None:
-                try:
-                    os.write(self._pipe[1], b"\0")
-                except BlockingIOError:
-                    pass  # full of wake-ups already
+            handler = self._on_ready
+            if handler is not None and sum(len(r[2]) for r in self._ready) <= DIRECT_SETTLE_BYTES:
+                self._on_ready = None
+                ready, self._ready = self._ready, []
+            else:
+                handler = None
+                # Under the lock: `close` cannot close the pipe (and free its fd number) meanwhile.
+                if self._pipe is not None:
+                    try:
+                        os.write(self._pipe[1], b"\0")
+                    except BlockingIOError:
+                        pass  # full of wake-ups already
+        if handler is not None:
+            handler(ready)
+
+    def arm(self, handler: Callable[[list[tuple[int, bool, str]]], object]) -> None:
+        """The run driver parks: the next call to finish passes the ready results to ``handler``
+        on its own thread (small results only; others still go through ``wake_fd``)."""
+        with self._lock:
+            self._on_ready = handler
+
+    def disarm(self) -> bool:
+        """Ends ``arm``. False if the handler has taken results (it may still be running)."""
+        with self._lock:
+            armed, self._on_ready = self._on_ready is not None, None
+        return armed
 
     def take_ready(self) -> list[tuple[int, bool, str]]:
         with self._lock:
@@ -594,7 +624,8 @@ class Dispatcher:
         with self._lock:
             futures, self._futures = list(self._futures.values()), {}
         for future in futures:
-            future.cancel()
+            if future is not None:
+                future.cancel()
 
     def close(self) -> None:
         self.cancel()
