@@ -38,7 +38,7 @@ WHEEL_FORCE := $(if $(wildcard dist/codemode-*.whl),,FORCE)
 export PIP_NO_INPUT := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: soak help venv build test test-wheel mcp-servers lint demo bench bench-peers wheel clean FORCE
+.PHONY: soak fuzz help venv build test test-wheel mcp-servers lint demo bench bench-peers wheel clean FORCE
 
 help: ## Show this help
 	@echo "usage: make <target>"
@@ -104,6 +104,9 @@ bench-peers: build ## The same cells in codemode, mini-racer, quickjs, pydantic-
 
 soak: build ## Load and fault test: concurrent sessions, hostile cells, waits, random worker SIGKILLs (SOAK_SECONDS, default 60)
 	$(VPY) tools/soak.py --seconds $${SOAK_SECONDS:-60}
+
+fuzz: build ## Fuzz the engine (cargo-fuzz, ASan) and the worker-frame reader (hypothesis), FUZZ_SECONDS each (default 60)
+	FUZZ_SECONDS=$${FUZZ_SECONDS:-60} $(VPY) tools/fuzz.py
 
 wheel: $(WHEEL_STAMP) ## Build the abi3 manylinux2014 (manylinux_2_17) wheel into dist/ with maturin + zig
 

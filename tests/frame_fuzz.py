@@ -1,0 +1,228 @@
+"""Fuzz harness for the host's reading of worker frames (worker output is hostile).
+
+The supervisor reads a worker with ``WorkerProcess.recv``: ``FrameReader`` (4-byte length prefix,
+capped) over the worker's stdout pipe, then ``protocol.worker_decoder``; a ``msgspec.DecodeError``
+becomes ``ProtocolError`` and end of file becomes ``WorkerCrashed``, and either one makes the
+supervisor replace the worker. ``read_stream`` drives that very method over a pipe fed with
+arbitrary bytes, and ``check_stream`` states the property:
+
+* reading yields typed ``WorkerFrame`` values (each re-encodes to what it decodes from) and then
+  ends with ``ProtocolError`` or ``WorkerCrashed``: never another exception, never a hang;
+* a stream of well-formed frames, cut into any chunks, reads back as exactly those frames;
+* no length prefix makes the host allocate more than the frame cap (plus what was sent).
+
+Used by ``tests/test_frame_fuzz.py`` (a few examples, always on, plus the committed regression
+inputs in ``tests/fuzz_regressions/frames/``) and by ``tools/fuzz.py`` (``make fuzz``: a bounded
+long run that saves any failing input there).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+import time
+import tracemalloc
+from typing import Any
+
+import msgspec
+from codemode import protocol
+from codemode.errors import ProtocolError, WorkerCrashed
+from codemode.protocol import MAX_FRAME_BYTES, Fault, Ready, Report
+from codemode.supervisor import WorkerProcess
+from hypothesis import strategies as st
+
+#: How long one stream may take to read before it counts as a hang.
+READ_TIMEOUT_S = 10.0
+#: What reading may allocate beyond one capped frame and the bytes sent (buffers, frames).
+ALLOC_SLACK = 8 << 20
+
+
+class _Exited:
+    """Stands in for the ``Popen`` of a worker that has exited (``crashed()`` reads it)."""
+
+    pid = 0
+    returncode = 0
+    stdin = None
+    stdout = None
+
+    def poll(self) -> int:
+        return 0
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 0
+
+
+def _pipe_worker(rfd: int) -> WorkerProcess:
+    """A ``WorkerProcess`` whose stdout is ``rfd``: the real ``recv``, without a subprocess."""
+    worker = WorkerProcess.__new__(WorkerProcess)
+    worker.proc = _Exited()  # type: ignore[assignment]
+    worker.rfd = rfd
+    worker.reader = protocol.FrameReader(rfd)
+    worker._poller = select.poll()
+    worker._poller.register(rfd, select.POLLIN)
+    return worker
+
+
+def read_stream(data: bytes, chunks: list[int]) -> tuple[list[Any], BaseException]:
+    """Everything ``WorkerProcess.recv`` reads from a worker that writes ``data`` (in writes of
+    ``chunks`` bytes, cycled) and exits: the frames, and the exception that ended reading."""
+    rfd, wfd = os.pipe()
+
+    def feed() -> None:
+        try:
+            view = memoryview(data)
+            for i in range(len(data) + 1):
+                if not view:
+                    break
+                # At most ~64 writes: short reads without crawling through a large stream.
+                n = max(1, chunks[i % len(chunks)], len(data) >> 6)
+                protocol.write_all(wfd, view[:n])
+                view = view[n:]
+        except OSError:
+            pass  # the reader gave up on a bad frame and closed its end
+        finally:
+            os.close(wfd)
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    frames: list[Any] = []
+    try:
+        worker = _pipe_worker(rfd)
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        while True:
+            try:
+                frames.append(worker.recv(deadline))
+            except (ProtocolError, WorkerCrashed) as e:
+                return frames, e
+    finally:
+        os.close(rfd)
+        writer.join()
+
+
+def check_stream(data: bytes, chunks: list[int], expected: list[Any] | None = None) -> None:
+    """The property (see the module docstring). ``expected``: the frames ``data`` encodes."""
+    tracing = tracemalloc.is_tracing()
+    if tracing:
+        tracemalloc.reset_peak()
+        before, _ = tracemalloc.get_traced_memory()
+    frames, end = read_stream(data, chunks)
+    if tracing:
+        _, peak = tracemalloc.get_traced_memory()
+        grew = peak - before
+        assert grew <= MAX_FRAME_BYTES + 4 * len(data) + ALLOC_SLACK, f"reading {len(data)} bytes allocated {grew}"
+    assert type(end) in (ProtocolError, WorkerCrashed), f"reading ended with {end!r}"
+    for frame in frames:
+        assert isinstance(frame, Ready | Report | Fault), f"decoded {frame!r}"
+        body = msgspec.msgpack.encode(frame)
+        assert msgspec.msgpack.encode(protocol.worker_decoder.decode(body)) == body, f"{frame!r} does not round-trip"
+    if expected is not None:
+        got = [msgspec.msgpack.encode(f) for f in frames]
+        assert got == [msgspec.msgpack.encode(f) for f in expected], "well-formed frames read back differently"
+        assert isinstance(end, WorkerCrashed), f"well-formed frames ended with {end!r}"
+
+
+# ---- strategies -----------------------------------------------------------------------------
+# Field values a compromised worker could send: the whole msgpack int range, NaN and
+# infinities, NULs, long strings, statuses the host does not know.
+ints = st.one_of(
+    st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    st.sampled_from([0, 1, -1, 2**31, 2**32, 2**63 - 1, -(2**63), 2**64 - 1, MAX_FRAME_BYTES]),
+)
+floats = st.floats(allow_nan=True, allow_infinity=True)
+texts = st.one_of(
+    st.text(max_size=40),
+    st.sampled_from(["", "\x00", "completed", "failed", "pending", "timeout", "\ufffd", "\U0010ffff"]),
+)
+#: Where a worker sends long text (values, messages, outputs): also past the 64 KiB read size.
+long_texts = st.one_of(texts, st.sampled_from([(1 << 16) - 8, 1 << 16, 200_000]).map(lambda n: "x" * n))
+statuses = st.one_of(st.sampled_from(["completed", "failed", "pending"]), texts)
+
+readies = st.builds(Ready, ints, texts)
+faults = st.builds(Fault, ints, long_texts)
+reports = st.builds(
+    Report,
+    run=ints,
+    status=statuses,
+    value=st.none() | long_texts,
+    failure=st.none() | st.tuples(st.none() | texts, texts, long_texts, texts),
+    outputs=st.lists(st.tuples(ints, long_texts), max_size=4),
+    calls=st.lists(st.tuples(ints, texts, texts), max_size=4),
+    clock_reads=st.lists(floats, max_size=4),
+    in_flight=ints,
+    memory_bytes=ints,
+    searches=ints,
+    describes=ints,
+    store_writes=st.none() | texts,
+)
+worker_frames = st.one_of(readies, faults, reports)
+
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    ints,
+    floats,
+    texts,
+    st.binary(max_size=40),
+    st.builds(msgspec.msgpack.Ext, st.integers(min_value=-128, max_value=127), st.binary(max_size=16)),
+)
+_values = st.recursive(
+    _scalars, lambda inner: st.lists(inner, max_size=6) | st.dictionaries(texts, inner, max_size=4), max_leaves=24
+)
+#: msgpack of the wrong shape: any value, and arrays that start with a real tag.
+_tags = st.sampled_from(["ready", "report", "fault", "configure", "start", "settle", "replay", "drop", ""])
+wrong_shapes = st.one_of(_values, st.tuples(_tags, st.lists(_values, max_size=14)).map(lambda t: [t[0], *t[1]])).map(
+    msgspec.msgpack.encode
+)
+# A frame body: well-formed, of the wrong shape, or random bytes.
+bodies = st.one_of(worker_frames.map(msgspec.msgpack.encode), wrong_shapes, st.binary(max_size=200))
+
+
+def _mutate(body: bytes, edits: list[tuple[int, int, int]]) -> bytes:
+    out = bytearray(body)
+    for kind, pos, value in edits:
+        at = pos % (len(out) + 1)
+        if kind == 0:
+            del out[at:]
+        elif kind == 1 and at < len(out):
+            out[at] ^= 1 << (value % 8)
+        elif kind == 2:
+            out[at:at] = bytes([value % 256])
+        elif kind == 3:
+            del out[at : at + 1 + value % 8]
+        else:
+            out[at:at] = b"\xdb\xff\xff\xff\xff"  # a str32 header claiming 4 GiB
+    return bytes(out)
+
+
+mutated_bodies = st.builds(
+    _mutate,
+    bodies,
+    st.lists(st.tuples(st.integers(0, 4), st.integers(0, 2**16), st.integers(0, 255)), max_size=3),
+)
+#: Length prefixes around the cap and the 32-bit range, and small lies.
+prefixes = st.one_of(
+    st.sampled_from([0, 1, 3, 4, MAX_FRAME_BYTES - 1, MAX_FRAME_BYTES, MAX_FRAME_BYTES + 1, 2**31, 2**32 - 1]),
+    st.integers(min_value=0, max_value=2**32 - 1),
+)
+
+
+def _prefixed(body: bytes) -> bytes:
+    return len(body).to_bytes(4, "big") + body
+
+
+segments = st.one_of(
+    mutated_bodies.map(_prefixed),
+    st.builds(lambda size, body: size.to_bytes(4, "big") + body, prefixes, mutated_bodies),
+    st.binary(max_size=64),
+)
+#: Any byte stream a worker could write, with the sizes of its writes.
+streams = st.tuples(
+    st.lists(segments, max_size=5).map(b"".join), st.lists(st.integers(1, 70_000), min_size=1, max_size=6)
+)
+#: Well-formed frames only: they must read back exactly, however the writes are cut.
+good_streams = st.tuples(st.lists(worker_frames, max_size=5), st.lists(st.integers(1, 70_000), min_size=1, max_size=6))
+
+
+def encode_frames(frames: list[Any]) -> bytes:
+    return b"".join(protocol.encode(f) for f in frames)
