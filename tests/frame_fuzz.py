@@ -23,6 +23,7 @@ import select
 import threading
 import time
 import tracemalloc
+import typing
 from typing import Any
 
 import msgspec
@@ -124,7 +125,8 @@ def check_stream(data: bytes, chunks: list[int], expected: list[Any] | None = No
 
 # ---- strategies -----------------------------------------------------------------------------
 # Field values a compromised worker could send: the whole msgpack int range, NaN and
-# infinities, NULs, long strings, statuses the host does not know.
+# infinities, NULs, long strings. (Statuses, failure codes and output kinds outside the protocol's
+# Literal types are malformed frames: `wrong_shapes` covers them.)
 ints = st.one_of(
     st.integers(min_value=-(2**63), max_value=2**64 - 1),
     st.sampled_from([0, 1, -1, 2**31, 2**32, 2**63 - 1, -(2**63), 2**64 - 1, MAX_FRAME_BYTES]),
@@ -136,7 +138,9 @@ texts = st.one_of(
 )
 #: Where a worker sends long text (values, messages, outputs): also past the 64 KiB read size.
 long_texts = st.one_of(texts, st.sampled_from([(1 << 16) - 8, 1 << 16, 200_000]).map(lambda n: "x" * n))
-statuses = st.one_of(st.sampled_from(["completed", "failed", "pending"]), texts)
+statuses = st.sampled_from(typing.get_args(protocol.Status))
+failure_codes = st.none() | st.sampled_from(typing.get_args(protocol.FailureCode))
+output_kinds = st.sampled_from(typing.get_args(protocol.OutputKind))
 
 readies = st.builds(Ready, ints, texts)
 faults = st.builds(Fault, ints, long_texts)
@@ -145,8 +149,8 @@ reports = st.builds(
     run=ints,
     status=statuses,
     value=st.none() | long_texts,
-    failure=st.none() | st.tuples(st.none() | texts, texts, long_texts, texts),
-    outputs=st.lists(st.tuples(ints, long_texts), max_size=4),
+    failure=st.none() | st.tuples(failure_codes, texts, long_texts, texts),
+    outputs=st.lists(st.tuples(output_kinds, long_texts), max_size=4),
     calls=st.lists(st.tuples(ints, texts, texts), max_size=4),
     clock_reads=st.lists(floats, max_size=4),
     in_flight=ints,

@@ -292,3 +292,76 @@ def test_exec_after_pool_wide_sigkill_succeeds_every_time(make_codemode):
         if result["status"] != "completed":
             failures.append(result["error"])
     assert failures == []
+
+
+# ---- a compromised worker: well-formed frames with hostile values ------------------------------------
+
+HOSTILE_REPORT_FIELDS = {
+    "value_not_json": {"value": "{"},
+    "value_too_deep": {"value": "[" * 100_000 + "]" * 100_000},
+    "store_writes_not_json": {"store_writes": "nope"},
+    "json_output_not_json": {"outputs": [(1, "{'a': 1}")]},
+}
+
+
+@pytest.mark.parametrize("change", HOSTILE_REPORT_FIELDS.values(), ids=HOSTILE_REPORT_FIELDS.keys())
+def test_hostile_values_in_a_report_discard_the_worker(monkeypatch, change) -> None:
+    """A worker that sends a completed report whose JSON fields are not JSON: the run fails with
+    internal_error, the worker is replaced, the host raises nothing and the next exec works."""
+    import msgspec
+    from codemode import supervisor
+    from codemode.protocol import Report
+
+    real_recv = supervisor.WorkerProcess.recv
+    tamper = [True]
+
+    def recv(self, *args, **kwargs):
+        frame = real_recv(self, *args, **kwargs)
+        if tamper[0] and isinstance(frame, Report) and frame.status == "completed":
+            tamper[0] = False
+            frame = msgspec.structs.replace(frame, **change)
+        return frame
+
+    monkeypatch.setattr(supervisor.WorkerProcess, "recv", recv)
+    with CodeMode({"workers": 1}) as cm:
+        session = cm.session("s")
+        result = session.exec({"code": "console.log('x'); return 1"})
+        assert result["status"] == "failed", result
+        assert result["code"] == "internal_error"
+        assert "worker sent a value" in result["error"]
+        assert cm._supervisor.killed == 1
+        assert session.exec({"code": "return 2"})["value"] == 2
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"status": "done"},
+        {"failure": ("root_access", "Error", "m", "")},
+        {"outputs": [(9, "x")]},
+    ],
+    ids=["unknown_status", "unknown_failure_code", "unknown_output_kind"],
+)
+def test_frames_with_values_outside_the_protocol_do_not_decode(fields) -> None:
+    import msgspec
+    from codemode import protocol
+
+    base = {
+        "run": 1,
+        "status": "failed",
+        "value": None,
+        "failure": ("timeout", "TimeoutError", "m", ""),
+        "outputs": [],
+        "calls": [],
+        "clock_reads": [],
+        "in_flight": 0,
+        "memory_bytes": 0,
+        "searches": 0,
+        "describes": 0,
+        "store_writes": None,
+    }
+    good = ["report", *base.values()]
+    assert isinstance(protocol.worker_decoder.decode(msgspec.msgpack.encode(good)), protocol.Report)
+    bad = ["report", *{**base, **fields}.values()]
+    with pytest.raises(msgspec.ValidationError):
+        protocol.worker_decoder.decode(msgspec.msgpack.encode(bad))

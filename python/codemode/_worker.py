@@ -116,7 +116,7 @@ class Worker:
             self.resident[start.run] = engine
         else:
             self.retired = engine
-        return Report(start.run, status, value, failure, [], calls, [], in_flight, memory, 0, 0, writes)
+        return Report(start.run, status, value, failure, [], calls, [], in_flight, memory, 0, 0, writes)  # type: ignore[arg-type]  # checked by the host on decode
 
     def idle(self) -> None:
         """Work done between frames: free the last engine, build the next one."""

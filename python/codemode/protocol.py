@@ -10,8 +10,10 @@ as the expected union is a ``ProtocolError`` and its sender is discarded.
 
 from __future__ import annotations
 
+import json
 import os
 import struct
+from typing import Any, Literal
 
 import msgspec
 
@@ -30,6 +32,7 @@ __all__ = [
     "Settle",
     "Start",
     "WorkerFrame",
+    "decode_guest_json",
     "encode",
 ]
 
@@ -96,14 +99,22 @@ class Ready(msgspec.Struct, tag="ready", array_like=True):
     engine_version: str
 
 
+#: What a run's step can end in, and the failure codes an engine may report (None: the cell threw).
+Status = Literal["completed", "failed", "pending"]
+FailureCode = Literal["invalid_input", "timeout", "output_limit_exceeded", "memory_limit_exceeded", "internal_error"]
+#: Output kinds: 0 text, 1 JSON, 2 log, 3 info, 4 warn, 5 error, 6 image (``mime;base64``).
+OutputKind = Literal[0, 1, 2, 3, 4, 5, 6]
+
+
 class Report(msgspec.Struct, tag="report", array_like=True):
-    """One engine outcome. ``failure`` is ``(code, name, message, stack)``."""
+    """One engine outcome. ``failure`` is ``(code, name, message, stack)``. ``value``,
+    ``store_writes`` and JSON outputs are JSON text: `decode_guest_json` checks them."""
 
     run: int
-    status: str
+    status: Status
     value: str | None
-    failure: tuple[str | None, str, str, str] | None
-    outputs: list[tuple[int, str]]
+    failure: tuple[FailureCode | None, str, str, str] | None
+    outputs: list[tuple[OutputKind, str]]
     calls: list[tuple[int, str, str]]
     clock_reads: list[float]
     in_flight: int
@@ -193,3 +204,29 @@ def write_all(fd: int, data: bytes) -> None:
 
 host_decoder = msgspec.msgpack.Decoder(HostFrame)
 worker_decoder = msgspec.msgpack.Decoder(WorkerFrame)
+
+
+def decode_guest_json(text: str | bytes) -> Any:
+    """JSON text the guest produced (through a worker, so untrusted): a ``ProtocolError`` if it
+    is not JSON. JavaScript strings may hold lone UTF-16 surrogates, which ``JSON.stringify``
+    escapes and msgspec (rightly) refuses; those become U+FFFD instead of failing."""
+    try:
+        return msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        pass
+    except RecursionError:  # an engine caps guest values at depth 64: this came from elsewhere
+        raise ProtocolError("worker sent a value nested too deeply") from None
+    try:
+        return _replace_surrogates(json.loads(text))
+    except (ValueError, RecursionError) as e:
+        raise ProtocolError(f"worker sent a value that is not JSON: {type(e).__name__}") from None
+
+
+def _replace_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, list):
+        return [_replace_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {_replace_surrogates(k): _replace_surrogates(v) for k, v in value.items()}
+    return value

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import os
 import random
 import re
@@ -27,7 +26,7 @@ from .config import BOUNDS, CodeModeConfig, load_config
 from .errors import ClosedError, CodemodeError, ConfigError
 from .namespaces import NamespaceRegistration, Namespaces
 from .policy import Approver, Hook, Policy, Trace, TraceEvent
-from .protocol import Configure, EngineLimits
+from .protocol import Configure, EngineLimits, decode_guest_json
 from .runs import TOO_MANY, Journal, Run, RunLookupError, RunTable
 from .store import Store, StoreError, open_store
 from .supervisor import Step, Supervisor
@@ -121,30 +120,11 @@ Result = Completed | Failed | Waiting
 _LOG_PREFIX = {2: "", 3: "", 4: "[warn] ", 5: "[error] "}
 
 
-def _decode_json(text: str | bytes) -> Any:
-    """Guest JSON: JavaScript strings may hold lone UTF-16 surrogates, which JSON.stringify
-    escapes and msgspec (rightly) refuses; those become U+FFFD instead of failing the host."""
-    try:
-        return msgspec.json.decode(text)
-    except msgspec.DecodeError:
-        return _replace_surrogates(json.loads(text))
-
-
-def _replace_surrogates(value: Any) -> Any:
-    if isinstance(value, str):
-        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    if isinstance(value, list):
-        return [_replace_surrogates(v) for v in value]
-    if isinstance(value, dict):
-        return {_replace_surrogates(k): _replace_surrogates(v) for k, v in value.items()}
-    return value
-
-
 def _outputs(raw: list[tuple[int, str]], max_chars: int | None = None) -> list[Output]:
     out: list[Output] = []
     for kind, text in raw:
         if kind == 1:
-            out.append(JsonOutput(_decode_json(text)))
+            out.append(JsonOutput(decode_guest_json(text)))
         elif kind == 6:
             mime, _, data = text.partition(";")
             out.append(ImageOutput(mime, data))
@@ -518,7 +498,7 @@ class CodeMode:
         if not results:
             return {"tool": tool_id, "error": "tool call timed out"}
         _, ok, text = results[0]
-        return {"tool": tool_id, "result": _decode_json(text)} if ok else {"tool": tool_id, "error": text}
+        return {"tool": tool_id, "result": msgspec.json.decode(text)} if ok else {"tool": tool_id, "error": text}
 
     def trace(self, session_id: str | None = None) -> list[dict[str, Any]]:
         """Exported trace events: code-mode calls and the nested tool calls under them."""
@@ -755,13 +735,12 @@ class CodeMode:
         if step.status == "completed":
             if step.store_writes is not None and run.store_key is not None:
                 try:
-                    self._store.commit(*run.store_key, _decode_json(step.store_writes))
+                    self._store.commit(*run.store_key, step.store_writes)
                 except StoreError as e:
                     return Failed(error=f"store commit failed: {e}", code="internal_error", telemetry=telemetry)
                 if self._store_cache is not None:
                     self._store_cache[run.store_key] = self._store.snapshot(*run.store_key)
-            value = _decode_json(step.value) if step.value is not None else None
-            return Completed(value=value, telemetry=telemetry, output=output)
+            return Completed(value=step.value, telemetry=telemetry, output=output)
         code_, name, message, _stack = step.failure or ("internal_error", "Error", "unknown failure", "")
         error = message if code_ is not None else (f"{name}: {message}" if message else name)
         return Failed(error=error, code=code_, telemetry=telemetry, output=output)

@@ -33,13 +33,14 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import msgspec
 
 from . import protocol
 from ._engine import YIELD_TOOL
 from .errors import ClosedError, ProtocolError, WorkerCrashed, WorkerUnavailable
-from .protocol import Configure, Drop, Fault, Ready, Replay, Report, Settle, Start
+from .protocol import Configure, Drop, Fault, Ready, Replay, Report, Settle, Start, decode_guest_json
 from .runs import JournalCall, Run, input_hash
 
 __all__ = ["KILL_GRACE_S", "Step", "Supervisor"]
@@ -186,10 +187,10 @@ class Step(msgspec.Struct):
     """What one ``exec`` or ``wait`` call saw of a run."""
 
     status: str = "failed"  # completed | failed | suspended
-    value: str | None = None
+    value: Any = None  # decoded
     failure: tuple[str | None, str, str, str] | None = None
     reason: str = ""  # when suspended: pending_tools | yield
-    store_writes: str | None = None
+    store_writes: Any = None  # decoded: {key: value | None}, or None
     outputs: list[tuple[int, str]] = msgspec.field(default_factory=list)
     tool_calls: int = 0
     searches: int = 0
@@ -523,11 +524,17 @@ class Supervisor:
             step.reports += 1
             step.searches += frame.searches
             step.describes += frame.describes
+            for kind, text in frame.outputs:
+                if kind == 1:
+                    decode_guest_json(text)  # checked here, where a bad frame discards its worker
             step.outputs.extend(frame.outputs)
             step.memory_bytes = frame.memory_bytes
             journal.clock_reads.extend(frame.clock_reads)
             if frame.status == "completed":
-                step.status, step.value, step.store_writes = "completed", frame.value, frame.store_writes
+                step.value = decode_guest_json(frame.value) if frame.value is not None else None
+                if frame.store_writes is not None:
+                    step.store_writes = decode_guest_json(frame.store_writes)
+                step.status = "completed"
                 return
             if frame.status == "failed":
                 step.status, step.failure = "failed", frame.failure
