@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import datetime
 import json
+import os
 import platform
 import re
 import shutil
@@ -450,16 +451,18 @@ def chart(results: dict[str, Any], path: Path) -> None:
     width = 0.8 / len(PEERS)
     fig, ax = plt.subplots(figsize=(11, 5.5), dpi=110)
     for i, (key, label, _) in enumerate(PEERS):
-        xs, ys, missing = [], [], []
+        xs, ys, spread, missing = [], [], ([], []), []
         for j, workload in enumerate(workloads):
             x = j + (i - (len(PEERS) - 1) / 2) * width
             entry = stats[workload][key]
             if "median_s" in entry:
                 xs.append(x)
                 ys.append(entry["median_s"] * 1e3)
+                spread[0].append((entry["median_s"] - entry["p10_s"]) * 1e3)
+                spread[1].append((entry["p90_s"] - entry["median_s"]) * 1e3)
             else:
                 missing.append(x)
-        bars = ax.bar(xs, ys, width, label=label)
+        bars = ax.bar(xs, ys, width, yerr=spread, error_kw={"elinewidth": 0.8, "alpha": 0.6}, label=label)
         ax.bar_label(bars, labels=[f"{y:.2g}" for y in ys], fontsize=7, padding=2)
         for x in missing:
             ax.annotate(
@@ -473,7 +476,7 @@ def chart(results: dict[str, Any], path: Path) -> None:
                 rotation=90,
             )
     ax.set_yscale("log")
-    ax.set_ylabel("median latency, ms (log scale)")
+    ax.set_ylabel("median latency, ms (log scale; whiskers: p10-p90)")
     ax.set_xticks(range(len(workloads)), [WORKLOADS[w][1] for w in workloads])
     ax.set_title(f"codemode and its peers, `make bench-peers`, {results['date']} ({results['machine_note']})")
     ax.legend(fontsize=8, ncols=len(PEERS), loc="upper left")
@@ -506,6 +509,11 @@ def main() -> None:
     args = parser.parse_args()
     rounds = QUICK_ROUNDS if args.quick else ROUNDS
 
+    load_before = os.getloadavg()
+    if load_before[0] > 0.5:
+        print(
+            f">> load average {load_before[0]:.2f}: other work on this machine will skew the figures", file=sys.stderr
+        )
     raw: dict[str, dict[str, Samples]] = {}
     for key, runner in (
         ("codemode", bench_codemode),
@@ -527,6 +535,7 @@ def main() -> None:
         "pause_before_warm_round_s": GAP_S,
         "pause_before_cold_round_s": COLD_GAP_S,
         "node_snapshot_bytes": node_info.get("snapshot_bytes"),
+        "load_average_1min_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "peers": {key: what for key, _, what in PEERS},
         "workloads": {w: {key: summarize(raw[key][w]) for key, _, _ in PEERS} for w in WORKLOADS},
     }
