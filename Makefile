@@ -75,8 +75,8 @@ lint: build ## Run rustfmt, clippy, ruff (lint + format), mypy and stubtest chec
 	@rc=0; for cmd in \
 	  "cargo fmt --all --check" \
 	  "cargo clippy --workspace --all-targets -- -D warnings" \
-	  "$(VENV)/bin/ruff check python tests benches" \
-	  "$(VENV)/bin/ruff format --check python tests benches" \
+	  "$(VENV)/bin/ruff check python tests benches tools" \
+	  "$(VENV)/bin/ruff format --check python tests benches tools" \
 	  "$(VENV)/bin/mypy" \
 	  "$(VPY) -m mypy.stubtest codemode._engine"; do \
 	  echo ">> $$cmd"; $$cmd || { echo "!! failed: $$cmd"; rc=1; }; \

@@ -8,8 +8,8 @@ have had without the kills (its journal is replayed when the resident runtime wa
 else — an exception in the host, a wrong value, a run ``wait`` cannot finish, a leaked worker —
 counts as lost, and the command fails if any run is lost.
 
-Prints executions per second, p50/p99 latency of each ``exec``/``wait`` call, the kills, and the
-host's RSS drift between the end of the warm-up and the end of the run.
+
+
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import ctypes
+import gc
 import os
 import random
 import signal
@@ -52,6 +54,8 @@ NORMAL = {
         None,
     ),
 }
+#: Rounds of load (RSS is read while idle between them).
+ROUNDS = 4
 #: Failure codes a run may end with when the soak's own SIGKILL hit its worker.
 KILLED_CODES = ("internal_error", "runtime_unavailable")
 
@@ -76,15 +80,14 @@ def child_pids() -> set[int]:
     return pids
 
 
-def rss_drift_kib(samples: list[tuple[float, int]]) -> int:
-    """Median RSS of the last third of the samples minus that of the first third: a leak shows
-    as a steady rise, while single spikes (a hostile cell's huge tool result) do not count."""
-    third = len(samples) // 3
-    if third == 0:
-        return 0
-    first = sorted(k for _, k in samples[:third])
-    last = sorted(k for _, k in samples[-third:])
-    return last[len(last) // 2] - first[len(first) // 2]
+def quiet_rss_kib() -> int:
+    """RSS with the garbage collected and freed heap returned to the OS (glibc keeps it otherwise)."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    return rss_kib()
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -233,40 +236,37 @@ def main() -> int:
             await asyncio.sleep(ms / 1000.0)
             return value
 
-        warm_until = time.monotonic() + min(5.0, args.seconds / 6)
-        end = time.monotonic() + args.seconds
-        rss: dict[str, int] = {}
-
-        def session_loop(index: int) -> None:
-            soak = Soak(cm, tally, args.seed * 1000 + index, hostile)
-            while time.monotonic() < end:
-                soak.one(index)
-
-        threads = [threading.Thread(target=session_loop, args=(i,), daemon=True) for i in range(args.sessions)]
         kill_thread = threading.Thread(
             target=killer, args=(cm, tally, stop, random.Random(args.seed), args.kill_every), daemon=True
         )
         started = time.monotonic()
-        for t in threads:
-            t.start()
         kill_thread.start()
-        time.sleep(max(0.0, warm_until - time.monotonic()))
-        rss["warm"] = rss_kib()
-        calls_at_warm = tally.calls
-        samples: list[tuple[float, int]] = []
-        while any(t.is_alive() for t in threads) and time.monotonic() < end + 120:
-            samples.append((time.monotonic(), rss_kib()))
-            time.sleep(0.5)
-        for t in threads:
-            t.join(1.0)
+        # Rounds of load; between rounds the sessions are idle, and the host's RSS is read after a
+        # collection and a malloc_trim, so a leak shows as a rise from round to round.
+        quiet_rss: list[int] = []
+        peak = 0
+        rounds = max(2, min(ROUNDS, int(args.seconds // 5)))
+        for round_no in range(rounds):
+            end = time.monotonic() + args.seconds / rounds
+
+            def session_loop(index: int, end: float = end, round_no: int = round_no) -> None:
+                soak = Soak(cm, tally, (args.seed * 1000 + index) * 100 + round_no, hostile)
+                while time.monotonic() < end:
+                    soak.one(index)
+
+            threads = [threading.Thread(target=session_loop, args=(i,), daemon=True) for i in range(args.sessions)]
+            for t in threads:
+                t.start()
+            while any(t.is_alive() for t in threads) and time.monotonic() < end + 120:
+                peak = max(peak, rss_kib())
+                time.sleep(0.25)
+            for t in threads:
+                t.join(1.0)
+            tally.lost.extend(f"session thread {t.name} did not finish" for t in threads if t.is_alive())
+            quiet_rss.append(quiet_rss_kib())
         stop.set()
         kill_thread.join()
         elapsed = time.monotonic() - started
-        measured_s = time.monotonic() - warm_until
-        rss["end"] = rss_kib()
-        hung = [t.name for t in threads if t.is_alive()]
-        for name in hung:
-            tally.lost.append(f"session thread {name} did not finish")
         spawned, killed = cm._supervisor.spawned, cm._supervisor.killed
         suspended_left = len(cm._runs.all()) if hasattr(cm, "_runs") else 0
     time.sleep(0.2)
@@ -281,14 +281,12 @@ def main() -> int:
     print(f"soak: {args.seconds:.0f} s, {args.sessions} sessions, {args.workers} workers, seed {args.seed}")
     print(f"  runs finished          {total_runs}  ({', '.join(f'{k} {v}' for k, v in sorted(tally.runs.items()))})")
     print(f"  outcomes               {', '.join(f'{k} {v}' for k, v in sorted(tally.outcomes.items()))}")
-    print(f"  exec/wait calls        {tally.calls}  ({(tally.calls - calls_at_warm) / measured_s:.1f}/s after warm-up)")
+    print(f"  exec/wait calls        {tally.calls}  ({tally.calls / elapsed:.1f}/s)")
     print(f"  latency per call       p50 {percentile(lat, 50):.2f} ms, p99 {percentile(lat, 99):.2f} ms")
     print(f"  SIGKILLs sent          {len(tally.kills) - 1}; workers spawned {spawned}, killed by supervisor {killed}")
-    peak = max((kib for _, kib in samples), default=rss["end"])
-    print(
-        f"  host RSS               {rss['warm']} KiB after warm-up, peak {peak} KiB, {rss['end']} KiB at end;", end=""
-    )
-    print(f" drift {rss_drift_kib(samples):+d} KiB (median of the last third of the run vs the first)")
+    rss_line = " -> ".join(f"{kib // 1024}" for kib in quiet_rss)
+    print(f"  host RSS               idle between rounds (MiB): {rss_line}; peak under load {peak // 1024} MiB")
+    print(f"                         drift after the first round: {(quiet_rss[-1] - quiet_rss[0]) / 1024:+.1f} MiB")
     print(f"  runs lost              {len(tally.lost)}")
     for why in tally.lost[:20]:
         print(f"    - {why}")
