@@ -365,3 +365,40 @@ def test_frames_with_values_outside_the_protocol_do_not_decode(fields) -> None:
     bad = ["report", *{**base, **fields}.values()]
     with pytest.raises(msgspec.ValidationError):
         protocol.worker_decoder.decode(msgspec.msgpack.encode(bad))
+
+
+def test_a_worker_flooding_the_host_with_calls_is_discarded(monkeypatch) -> None:
+    """More calls in one report than maxPendingToolCalls: no engine does that, so no tool runs
+    and the worker is replaced."""
+    import msgspec
+    from codemode import supervisor
+    from codemode.protocol import Report
+
+    real_recv = supervisor.WorkerProcess.recv
+    ran: list[int] = []
+    flood_once = [True]
+
+    def recv(self, *args, **kwargs):
+        frame = real_recv(self, *args, **kwargs)
+        if isinstance(frame, Report) and frame.status == "pending" and frame.calls and flood_once[0]:
+            flood_once[0] = False
+            call_id, tool, data = frame.calls[0]
+            flood = [(call_id + i, tool, data) for i in range(5)]
+            frame = msgspec.structs.replace(frame, calls=flood)
+        return frame
+
+    monkeypatch.setattr(supervisor.WorkerProcess, "recv", recv)
+    with CodeMode({"workers": 1, "maxPendingToolCalls": 4}) as cm:
+
+        @cm.tool
+        def count(x: int) -> int:
+            ran.append(x)
+            return x
+
+        session = cm.session("s")
+        result = session.exec({"code": "return await tools.count({x: 1})"})
+        assert (result["status"], result["code"]) == ("failed", "internal_error"), result
+        assert "maxPendingToolCalls" in result["error"]
+        assert ran == []
+        assert cm._supervisor.killed == 1
+        assert session.exec({"code": "return await tools.count({x: 2})"})["value"] == 2

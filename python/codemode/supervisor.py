@@ -541,6 +541,9 @@ class Supervisor:
                 return
             if frame.status != "pending":
                 raise ProtocolError(f"worker {worker.pid} reported an unknown status")
+            if len(frame.calls) > journal.limits.max_pending_calls:
+                # An engine never has more calls in flight: this worker is not one of ours.
+                raise ProtocolError(f"worker {worker.pid} reported more calls than maxPendingToolCalls")
             calls = []
             for call_id, tool, data in frame.calls:
                 journal.calls.append(JournalCall(call_id, tool, input_hash(data)))
