@@ -309,11 +309,27 @@ def test_unsafe_scope_key_is_rejected(ncm, key):
 @pytest.mark.parametrize(
     "name",
     ["tools", "namespaces", "text", "json", "yield_control", "MCP", "API", "ALL_TOOLS", "__openclawState",
-     "searchTools", "describeNamespace", "1Issues", "my-issues", ""],
+     "searchTools", "describeNamespace", "1Issues", "my-issues", "",
+     # every other name already on the guest's globalThis: the prelude's API and the builtins
+     "codemode", "console", "store", "parseInt", "queueMicrotask", "Uint8Array", "WeakMap", "Iterator"],
 )  # fmt: skip
 def test_reserved_or_invalid_global_name_is_rejected(ncm, name):
     with pytest.raises(ToolDefinitionError, match="globalName"):
         ncm.register_namespace(PLUGIN, issues_registration(id="reserved", global_name=name))
+
+
+@pytest.mark.parametrize("name", ["codemode", "exit", "Intl", "setTimeout", "fetch", "process", "Deno"])
+def test_no_registrable_name_breaks_the_cells(name):
+    """Whatever name a registration is refused or accepted with, cells still run."""
+    with CodeMode({"workers": 1}) as cm:
+        add_github_tools(cm)
+        try:
+            cm.register_namespace(PLUGIN, issues_registration(global_name=name))
+        except ToolDefinitionError:
+            return
+        session = cm.session("probe")
+        assert value(session, "return 1 + 1") == 2
+        assert "list" in value(session, f"return Object.keys({name})")
 
 
 def test_global_name_taken_by_another_namespace_is_rejected(ncm):

@@ -10,6 +10,7 @@ unsafe keys are refused before any guest code runs.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import threading
@@ -34,6 +35,19 @@ RESERVED_GLOBALS = frozenset(
     }
 )  # fmt: skip
 _UNSAFE_KEYS = frozenset({"__proto__", "constructor", "prototype"})
+
+
+@functools.cache
+def guest_globals() -> frozenset[str]:
+    """Every name already on a guest's ``globalThis`` (builtins and the prelude's API, e.g.
+    ``codemode``), read once from a real engine: a namespace may take none of them."""
+    from ._engine import Catalog, Engine
+
+    engine = Engine(
+        catalog=Catalog('{"tools": [], "api": {}}'), memory_limit_bytes=16 << 20, max_output_bytes=1 << 20, max_pending_calls=1
+    )
+    outcome = engine.start("return Object.getOwnPropertyNames(globalThis)", "javascript", 5000.0, 0, "{}")
+    return frozenset(msgspec.json.decode(outcome[1]))
 _MAX_DEPTH = 32
 
 
@@ -123,7 +137,8 @@ class Namespaces:
 
     def register(self, plugin_id: str, registration: NamespaceRegistration) -> None:
         name = registration.global_name
-        if not _IDENTIFIER.match(name) or name in RESERVED_GLOBALS or name.startswith("__openclaw"):
+        taken = name in RESERVED_GLOBALS or name in guest_globals() or name.startswith("__openclaw")
+        if not _IDENTIFIER.match(name) or taken:
             raise ToolDefinitionError(f"namespace globalName {name!r} is not a free JavaScript identifier")
         if not registration.id.strip():
             raise ToolDefinitionError("namespace id must not be empty")

@@ -10,7 +10,6 @@ as the expected union is a ``ProtocolError`` and its sender is discarded.
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from typing import Any, Literal
@@ -216,6 +215,8 @@ def decode_guest_json(text: str | bytes) -> Any:
         pass
     except RecursionError:  # an engine caps guest values at depth 64: this came from elsewhere
         raise ProtocolError("worker sent a value nested too deeply") from None
+    import json  # only here: a worker imports this module and should not pay for json
+
     try:
         return _replace_surrogates(json.loads(text))
     except (ValueError, RecursionError) as e:
