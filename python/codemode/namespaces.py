@@ -44,10 +44,16 @@ def guest_globals() -> frozenset[str]:
     from ._engine import Catalog, Engine
 
     engine = Engine(
-        catalog=Catalog('{"tools": [], "api": {}}'), memory_limit_bytes=16 << 20, max_output_bytes=1 << 20, max_pending_calls=1
+        catalog=Catalog('{"tools": [], "api": {}}'),
+        memory_limit_bytes=16 << 20,
+        max_output_bytes=1 << 20,
+        max_pending_calls=1,
     )
     outcome = engine.start("return Object.getOwnPropertyNames(globalThis)", "javascript", 5000.0, 0, "{}")
+    assert outcome[0] == "completed" and outcome[1] is not None, outcome
     return frozenset(msgspec.json.decode(outcome[1]))
+
+
 _MAX_DEPTH = 32
 
 
