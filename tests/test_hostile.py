@@ -245,11 +245,12 @@ def _add_killer(cm):
         return len(pids)
 
 
-def test_worker_sigkilled_mid_run_fails_with_internal_error(make_codemode):
+def test_worker_sigkilled_mid_run_fails_with_runtime_unavailable(make_codemode):
+    """The spec: a QuickJS worker that exits with a non-zero status is `runtime_unavailable`."""
     cm = make_codemode({"workers": 1, "timeoutMs": 5000})
     _add_killer(cm)
     result = cm.session().exec({"code": "return await tools.kill_workers()"})
-    assert_failed(result, "internal_error")
+    assert_failed(result, "runtime_unavailable")
     assert "SIGKILL" in result["error"]
 
 
@@ -257,7 +258,7 @@ def test_exec_after_worker_sigkilled_mid_run_succeeds(make_codemode, assert_reco
     cm = make_codemode({"workers": 1, "timeoutMs": 5000})
     _add_killer(cm)
     session = cm.session()
-    assert session.exec({"code": "return await tools.kill_workers()"})["code"] == "internal_error"
+    assert session.exec({"code": "return await tools.kill_workers()"})["code"] == "runtime_unavailable"
     assert_recovers(session)
 
 
@@ -265,7 +266,7 @@ def test_exec_after_every_pool_worker_sigkilled_mid_run_succeeds(make_codemode, 
     cm = make_codemode({"workers": 2, "timeoutMs": 5000})
     _add_killer(cm)
     session = cm.session()
-    assert session.exec({"code": "return await tools.kill_workers()"})["code"] == "internal_error"
+    assert session.exec({"code": "return await tools.kill_workers()"})["code"] == "runtime_unavailable"
     assert_recovers(session)
 
 
@@ -402,3 +403,26 @@ def test_a_worker_flooding_the_host_with_calls_is_discarded(monkeypatch) -> None
         assert ran == []
         assert cm._supervisor.killed == 1
         assert session.exec({"code": "return await tools.count({x: 2})"})["value"] == 2
+
+
+def test_workers_that_cannot_start_fail_each_run_with_runtime_unavailable(monkeypatch) -> None:
+    """The spec: a worker that cannot start is `runtime_unavailable`, as a result, not an exception."""
+    from codemode import supervisor
+
+    with CodeMode({"workers": 1}) as cm:
+        session = cm.session("s")
+        assert session.exec({"code": "return 1"})["value"] == 1
+
+        def cannot_start(self):
+            raise OSError(2, "No such file or directory", "python")
+
+        monkeypatch.setattr(supervisor.WorkerProcess, "__init__", cannot_start)
+        for pid in cm._supervisor.worker_pids():
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+        for _ in range(2):
+            result = session.exec({"code": "return 2"})
+            assert (result["status"], result["code"]) == ("failed", "runtime_unavailable"), result
+            assert "could not start a worker process" in result["error"]
+        monkeypatch.undo()
+        assert session.exec({"code": "return 3"})["value"] == 3

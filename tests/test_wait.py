@@ -433,7 +433,7 @@ def test_worker_killed_while_parked_on_an_async_tool() -> None:
         result = session.exec({"code": "return await tools.late({x: 1})"})
         killer.join()
         assert result["status"] == "failed", result
-        assert result["code"] == "internal_error"
+        assert result["code"] == "runtime_unavailable"
         assert "crashed" in result["error"]
         time.sleep(0.4)  # the late result lands after the run has ended
         for _ in range(3):

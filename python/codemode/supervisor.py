@@ -222,7 +222,10 @@ class Supervisor:
         self.killed = 0
         with self._cond:
             for _ in range(self._size):
-                self._spawn_locked()
+                try:
+                    self._spawn_locked()
+                except WorkerUnavailable:
+                    break  # each run then fails with `runtime_unavailable` and the reason
 
     # ---- pool ----------------------------------------------------------------------------------
     def _spawn_locked(self) -> None:
@@ -280,7 +283,10 @@ class Supervisor:
                 retire = False
                 self._idle.appendleft(worker)
             if retire and not self._closed:
-                self._spawn_locked()
+                try:
+                    self._spawn_locked()
+                except WorkerUnavailable:
+                    pass  # the next `_acquire` tries again and reports it to its run
             self._cond.notify_all()
         if retire:
             if discard:
@@ -427,14 +433,22 @@ class Supervisor:
             step.failure = _failed("timeout", "TimeoutError", "code mode replay timed out.")
         except (WorkerCrashed, ProtocolError) as e:
             self._release(worker, discard=True)
-            step.failure = _failed("internal_error", type(e).__name__, f"code mode replay failed: {e}")
+            # The spec: a worker that exits (here: dies) is `runtime_unavailable`; a bad frame is ours.
+            code = "runtime_unavailable" if isinstance(e, WorkerCrashed) else "internal_error"
+            step.failure = _failed(code, type(e).__name__, f"code mode replay failed: {e}")
         return step
 
     def _hand_over(self, configure: Configure, frame: Start | Replay, step: Step) -> WorkerProcess | None:
         """Gives a cell (or a replay) to a live worker, which stays claimed for the caller.
         A worker found dead before it took the frame is replaced and the next one is tried."""
         for attempt in range(2):
-            worker = self._acquire()
+            try:
+                worker = self._acquire()
+            except WorkerUnavailable as e:
+                step.failure = _failed(
+                    "runtime_unavailable", "WorkerUnavailable", f"code mode runtime is unavailable: {e}"
+                )
+                return None
             try:
                 if not worker.ready:
                     ready = worker.recv(time.monotonic() + SPAWN_TIMEOUT_S)
@@ -473,7 +487,8 @@ class Supervisor:
                 self._release(worker, discard=True)
                 raise
             step.status = "failed"
-            step.failure = _failed("internal_error", "WorkerCrashed", f"code mode worker crashed: {e}")
+            # The spec's `runtime_unavailable`: a QuickJS worker that exits with a non-zero status.
+            step.failure = _failed("runtime_unavailable", "WorkerCrashed", f"code mode worker crashed: {e}")
         except ProtocolError as e:
             discard = True
             step.status = "failed"
