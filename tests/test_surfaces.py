@@ -253,3 +253,26 @@ def test_directory_surface_exposes_a_few_likely_schemas_that_handle_can_call(ss)
     assert [t.name for t in tools] == ["tool_search", "tool_describe", "tool_call", "forecast", "computer"]
     assert tools[3].input_schema["required"] == ["city"]
     assert ss.handle("forecast", {"city": "Oslo"})["result"]["sky"] == "clear"
+
+
+def test_directory_surface_keeps_client_tools_directly_visible(make_codemode):
+    """Tool-search spec, directory mode: client-provided tools stay directly visible; the rest
+    stays behind the directory (until likely or called by exact name)."""
+    cm = make_codemode({"enabled": True, "workers": 1})
+    cm.add_tool(lambda city: {"city": city}, name="forecast", description="Weather forecast.")
+    cm.add_tool(lambda path="": path, name="pick_file", description="Ask the user for a file.", source="client")
+    tools = cm.model_tools("directory")
+    assert names(tools) == ["tool_search", "tool_describe", "tool_call", "pick_file"]
+    assert names(cm.model_tools("directory", likely="ask the user to pick a file")).count("pick_file") == 1
+
+
+def test_exec_schema_lets_command_alone_through(ss):
+    (exec_tool,) = [t for t in ss.model_tools("code") if t.name == "exec"]
+    assert "required" not in exec_tool.input_schema
+    assert ss.handle("exec", {"command": "return 6 * 7"})["value"] == 42
+    assert ss.handle("exec", {})["code"] == "invalid_input"
+
+
+def test_the_spec_runtime_name_is_accepted(make_codemode):
+    cm = make_codemode({"runtime": "quickjs-wasi", "workers": 1})
+    assert cm.session().exec({"code": "return 1"})["value"] == 1

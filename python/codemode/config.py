@@ -36,7 +36,8 @@ class CodeModeConfig(msgspec.Struct, rename="camel", forbid_unknown_fields=True,
     #: Gates the model-facing surfaces only (the spec: just ``true`` enables); a ``CodeMode``
     #: built without a config is enabled.
     enabled: bool = False
-    runtime: Literal["quickjs"] = "quickjs"
+    #: The spec's only value is "quickjs-wasi"; here both names mean the embedded QuickJS (quickjs-ng).
+    runtime: Literal["quickjs", "quickjs-wasi"] = "quickjs"
     mode: Literal["only"] = "only"
     languages: tuple[Language, ...] = ("javascript", "typescript")
     timeout_ms: int = 10_000

@@ -425,14 +425,18 @@ class CodeMode:
         likely_tools: list[ModelTool] = []
         if surface == "directory":
             directory = directory_listing([(t.id, t.description) for t in view.tools.values()])
+            names = {tool_id: name for name, tool_id in self._direct_names(view).items()}
+            # The tool-search spec: client-provided tools stay directly visible in this mode,
+            # and a few likely catalog schemas may join them.
+            shown = [tool_id for tool_id, tool in view.tools.items() if tool.source == "client"]
             if likely:
                 hits = msgspec.json.decode(self._search_catalog().search(likely, LIKELY_SCHEMAS))
-                names = {tool_id: name for name, tool_id in self._direct_names(view).items()}
-                likely_tools = [
-                    ModelTool(names[h["id"]], h.get("description", ""), view.tools[h["id"]].input_schema or {})
-                    for h in hits
-                    if h["id"] in names
-                ]
+                shown += [h["id"] for h in hits if h["id"] in names and h["id"] not in shown]
+            likely_tools = [
+                ModelTool(names[tool_id], view.tools[tool_id].description, view.tools[tool_id].input_schema or {})
+                for tool_id in shown
+                if tool_id in names
+            ]
         return [*control_tools(surface, self.exec_description(), directory), *likely_tools, *direct_only]
 
     def payload_telemetry(self) -> dict[str, int]:

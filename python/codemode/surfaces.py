@@ -39,7 +39,8 @@ EXEC_SCHEMA: dict[str, Any] = {
         "language": {"type": "string", "enum": ["javascript", "typescript"], "description": "Default javascript."},
         "restartSafe": {"type": "boolean", "description": "Only read-only tools; the run may be replayed."},
     },
-    "required": ["code"],
+    # `code` or `command`, one of them non-empty (the spec): checked by `exec`, not the schema,
+    # so that a provider validating arguments lets `command` alone through.
     "additionalProperties": False,
 }
 WAIT_SCHEMA: dict[str, Any] = {
