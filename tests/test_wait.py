@@ -268,8 +268,21 @@ def test_replay_that_diverges_from_the_journal_fails(make_codemode, gate):
 
 def test_restart_safe_run_refuses_tools_not_marked_read_only(wcm):
     code = "try { await tools.write({x: 1}); return 'wrote' } catch (e) { return e.message }"
-    result = exec_(wcm.session(), code, restartSafe=True)
+    session = wcm.session()
+    result = resume_until_done(session, exec_(session, code, restartSafe=True))
     assert "not read-only" in result["value"]
+
+
+def test_restart_safe_run_is_never_drained_within_the_call(wcm):
+    """The spec: restart-safe runs are never auto-drained, even by tools that answer at once."""
+    session = wcm.session()
+    code = "const a = await tools.fast({n: 2}); const b = await tools.fast({n: a + 1}); return a + b"
+    first = exec_(session, code, restartSafe=True)
+    assert first["status"] == "waiting" and first["reason"] == "pending_tools"
+    second = session.wait({"runId": first["runId"]})
+    assert second["status"] == "waiting"
+    assert session.wait({"runId": first["runId"]})["value"] == 5
+    assert exec_(session, code)["value"] == 5  # the same cell, not restart-safe: one call
 
 
 def test_restart_safe_run_resumes_in_another_codemode_from_exported_journal(make_codemode, gate):

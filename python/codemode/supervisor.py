@@ -579,15 +579,15 @@ class Supervisor:
                 if run.yields:
                     step.status, step.reason = "suspended", "yield"
                     return
+                if journal.restart_safe:
+                    # Restart-safe runs are never drained within the call (the spec), not even
+                    # by a tool that answered at once: each result goes through a `wait`.
+                    step.status, step.reason = "suspended", "pending_tools"
+                    return
                 results = dispatcher.take_ready()
                 if results:
                     deadline = self._hand_results(worker, run, results, deadline, step)
                     break
-                if journal.restart_safe:
-                    # Restart-safe runs never drain within the call: each result goes through
-                    # a `wait`, where a replay check applies.
-                    step.status, step.reason = "suspended", "pending_tools"
-                    return
                 # The first async result is settled by the thread that finished it: the worker
                 # gets it without a wake-up (and a GIL hand-off) of this thread in between.
                 dispatcher.arm(
