@@ -649,10 +649,18 @@ def test_quick_index_leaves_out_mcp_direct_only_and_denied_tools(ccm):
 
 def test_quick_index_is_bounded_and_counts_what_it_left_out(ccm):
     text = ccm.exec_description(max_index_chars=200)
-    index = text.split("Catalog (id input -> output):\n", 1)[1]
+    index = text.split("Catalog (id input -> output):\n", 1)[1].split("\nMCP servers", 1)[0]
     assert len(index) <= 200
     listed = [line for line in index.splitlines() if line.startswith("- ")]
-    assert f"(+{len(CATALOG_IDS) + 1 - len(listed)} more: use tools.search(...) or ALL_TOOLS)" in index
+    # CATALOG_IDS and the one MCP tool: only what tools.search can find is counted
+    assert f"(+{len(CATALOG_IDS) - len(listed)} more: use tools.search(...) or ALL_TOOLS)" in index
+
+
+def test_exec_description_tells_the_model_about_mcp_servers_and_their_declarations(ccm):
+    text = ccm.exec_description()
+    assert MCP_ID not in text  # no MCP tool in the index itself
+    assert "MCP servers (tools): MCP." in text
+    assert "API.read('mcp/index.d.ts')" in text and "$api(" in text
 
 
 def test_quick_index_lists_declared_outputs_first(ccm):

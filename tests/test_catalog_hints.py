@@ -376,9 +376,8 @@ def test_quick_index_orders_declared_outputs_first_and_excludes_mcp() -> None:
             "- host:core:zeta { q: string } -> number",
             "- host:core:alpha { q: string } -> ?",
             "- host:core:gamma { q: string } -> ?",
-            "(+1 more: use tools.search(...) or ALL_TOOLS)",
         ]
-    )
+    )  # the MCP tool is neither listed nor counted: tools.search and ALL_TOOLS do not have it
     assert quick_index(list(reversed(entries))) == quick_index(entries)
     assert "SECRET" not in quick_index(entries)
 

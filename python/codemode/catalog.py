@@ -456,7 +456,7 @@ def quick_index(entries: Iterable[Mapping[str, Any]], *, max_chars: int = 4000) 
     model can chain them without probing), then the rest, each group by id; MCP tools are left to
     ``tools.search`` (their servers' schemas are untrusted and often large). Descriptions are never
     included: they are untrusted prose and the costliest part. Lines stop before ``max_chars``
-    would be exceeded, and a footer counts every tool not listed, MCP ones included.
+    would be exceeded, and a footer counts the tools left out that ``tools.search`` can find.
     """
     given = list(entries)
     listed = sorted(
@@ -468,7 +468,7 @@ def quick_index(entries: Iterable[Mapping[str, Any]], *, max_chars: int = 4000) 
     ]
 
     def render(shown: int) -> str:
-        omitted = len(given) - shown
+        omitted = len(listed) - shown
         footer = [f"(+{omitted} more: use tools.search(...) or ALL_TOOLS)"] if omitted else []
         return "\n".join([*lines[:shown], *footer])
 

@@ -8,6 +8,7 @@ returns the same thing as a typed struct; both have ``async`` twins. A guest fai
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import os
 import random
@@ -24,6 +25,7 @@ from ._engine import Catalog
 from .catalog import quick_index
 from .config import BOUNDS, CodeModeConfig, load_config
 from .errors import ClosedError, CodemodeError, ConfigError
+from .mcp_api import mcp_names
 from .namespaces import NamespaceRegistration, Namespaces
 from .policy import Approver, Hook, Policy, Trace, TraceEvent
 from .protocol import Configure, EngineLimits, decode_guest_json
@@ -393,6 +395,18 @@ class CodeMode:
         view = self.catalog()
         entries = [t.entry() for t in view.tools.values()]
         text = EXEC_PREAMBLE + "\n" + quick_index(entries, max_chars=max_index_chars)
+        mcp_tools = [t for t in view.tools.values() if t.source == "mcp"]
+        if mcp_tools:
+            # The spec: the model learns of the MCP API from this description and reads only
+            # the declarations it needs (MCP tools are not in the index, search or ALL_TOOLS).
+            names = mcp_names(mcp_tools)
+            counts = collections.Counter(t.owner for t in mcp_tools)
+            servers = ", ".join(f"MCP.{names.servers[owner]} ({n})" for owner, n in counts.items())
+            text += (
+                f"\nMCP servers (tools): {servers}. Call `await MCP.<server>.<tool>({{...}})`; read the "
+                "declarations first: `await API.read('mcp/index.d.ts')`, `await API.read('mcp/<server>.d.ts')` "
+                "or `await MCP.<server>.$api(toolName)`."
+            )
         prompts = self._namespaces.prompts(view.tools)
         if prompts:
             text += "\nNamespaces (globals in the cell):\n" + "\n".join(prompts)
