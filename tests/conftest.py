@@ -21,8 +21,8 @@ def make_codemode() -> Iterator[Callable[..., CodeMode]]:
     """Builds ``CodeMode`` instances that are closed when the test ends."""
     made: list[CodeMode] = []
 
-    def make(config: dict[str, Any] | None = None) -> CodeMode:
-        cm = CodeMode(config)
+    def make(config: dict[str, Any] | None = None, **options: Any) -> CodeMode:
+        cm = CodeMode(config, **options)
         made.append(cm)
         return cm
 

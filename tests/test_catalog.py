@@ -681,7 +681,7 @@ def test_hook_sees_the_nested_call_with_its_parent_exec(ccm, cs):
     assert (event.tool_id, event.name, event.source, event.owner) == ("host:fs:read_file", "read_file", "host", "fs")
     assert event.input == {"path": "x.md"}
     assert event.session_id == "catalog"
-    assert event.tool_kind == "code_mode_exec"
+    assert event.tool_kind == "code_mode_call"  # a call from inside a cell, not the cell
     execs = [e for e in ccm.trace("catalog") if e["kind"] == "exec"]
     assert event.parent == execs[-1]["id"]
 

@@ -127,7 +127,8 @@ def test_the_same_tool_is_called_on_every_surface(ss):
     assert called == {"tool": "host:weather:forecast", "result": {"city": "Oslo", "sky": "clear"}}
     assert ss.handle("forecast", {"city": "Oslo"})["result"]["sky"] == "clear"
     assert ss.handle("computer", {"action": "click"})["result"] == "did click"
-    assert CALLS == ["host:weather:forecast"] * 4 + ["host:core:computer"]
+    # the model's own exec call has its hook event too (tool_kind code_mode_exec), then the nested calls
+    assert CALLS == ["exec"] + ["host:weather:forecast"] * 4 + ["host:core:computer"]
 
 
 def test_unknown_model_tool_is_an_error_result(ss):
@@ -276,3 +277,45 @@ def test_exec_schema_lets_command_alone_through(ss):
 def test_the_spec_runtime_name_is_accepted(make_codemode):
     cm = make_codemode({"runtime": "quickjs-wasi", "workers": 1})
     assert cm.session().exec({"code": "return 1"})["value"] == 1
+
+
+def test_the_models_exec_call_gets_its_own_hook_event(make_codemode):
+    """The spec: the outer code-mode `exec` hook event carries toolKind "code_mode_exec" and the
+    input kind, so a policy can tell a cell from a shell `exec`; it may block or rewrite it.
+    Calls from inside the cell are `code_mode_call`."""
+    from codemode.policy import Block, Rewrite
+
+    seen: list[ToolCallEvent] = []
+
+    def hook(event: ToolCallEvent):
+        seen.append(event)
+        if event.tool_kind == "code_mode_exec" and "forbidden" in str(event.input.get("code")):
+            return Block("no forbidden cells")
+        if event.tool_kind == "code_mode_exec" and event.input.get("command") == "trusted":
+            return Rewrite({"command": "return await tools.exec({cmd: 'ls'})"})
+        return None
+
+    cm = make_codemode({"enabled": True, "workers": 1}, before_tool_call=hook)
+    cm.add_tool(lambda cmd: f"ran {cmd}", name="exec", owner="shell", description="Shell exec.")
+    session = cm.session("hooks")
+    result = session.handle("exec", {"code": "return 'forbidden'", "language": "typescript"})
+    assert (result["status"], result["code"]) == ("failed", "invalid_input")
+    assert result["error"] == "code mode exec blocked: no forbidden cells"
+    assert (seen[0].tool_kind, seen[0].tool_input_kind, seen[0].name) == ("code_mode_exec", "typescript", "exec")
+    seen.clear()
+    assert session.handle("exec", {"command": "trusted"})["value"] == "ran ls"
+    kinds = [(e.tool_kind, e.tool_id) for e in seen]
+    assert kinds == [("code_mode_exec", "exec"), ("code_mode_call", "host:shell:exec")]
+    assert seen[0].tool_input_kind == "javascript" and seen[1].tool_input_kind is None
+
+
+def test_an_async_hook_sees_the_models_exec_call_too(make_codemode):
+    from codemode.policy import Block
+
+    async def hook(event: ToolCallEvent):
+        return Block("async says no") if event.tool_kind == "code_mode_exec" else None
+
+    cm = make_codemode({"enabled": True, "workers": 1}, before_tool_call=hook)
+    cm.add_tool(lambda: 1, name="one")
+    assert cm.session().handle("exec", {"code": "return 1"})["error"] == "code mode exec blocked: async says no"
+    assert cm.session().exec({"code": "return await tools.one()"})["value"] == 1  # not through handle

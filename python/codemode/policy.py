@@ -21,7 +21,8 @@ __all__ = ["Block", "Policy", "Rewrite", "ToolCallEvent", "Trace", "TraceEvent"]
 
 
 class ToolCallEvent(msgspec.Struct, frozen=True, kw_only=True):
-    """What hooks and approvals see of one nested call."""
+    """What hooks and approvals see of one nested call, and hooks of the model's own ``exec``
+    call when it goes through ``Session.handle`` (``tool_kind="code_mode_exec"``)."""
 
     tool_id: str
     name: str
@@ -31,8 +32,11 @@ class ToolCallEvent(msgspec.Struct, frozen=True, kw_only=True):
     session_id: str
     #: The ``exec``/``wait`` call the nested call belongs to.
     parent: str
-    #: ``code_mode_exec``: lets a policy tell code-mode cells from a shell ``exec``.
-    tool_kind: str = "code_mode_exec"
+    #: ``code_mode_exec`` for the model's ``exec`` of a cell (the spec: a policy can tell a cell
+    #: from a shell-like ``exec``), ``code_mode_call`` for a call made from inside a cell.
+    tool_kind: str = "code_mode_call"
+    #: For ``code_mode_exec``: ``javascript`` or ``typescript``.
+    tool_input_kind: str | None = None
 
 
 class Block(msgspec.Struct, frozen=True):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import inspect
 import itertools
 import os
 import random
@@ -27,7 +28,7 @@ from .config import BOUNDS, CodeModeConfig, load_config
 from .errors import ClosedError, CodemodeError, ConfigError
 from .mcp_api import mcp_names
 from .namespaces import NamespaceRegistration, Namespaces
-from .policy import Approver, Hook, Policy, Trace, TraceEvent
+from .policy import Approver, Block, Hook, Policy, Rewrite, ToolCallEvent, Trace, TraceEvent
 from .protocol import Configure, EngineLimits, decode_guest_json
 from .runs import TOO_MANY, Journal, Run, RunLookupError, RunTable
 from .store import Store, StoreError, open_store
@@ -184,6 +185,10 @@ def _cell_options(code: str) -> CellOptions | str:
     if options.max_output_tokens is not None and options.max_output_tokens < 0:
         return "// @options max_output_tokens must be a non-negative integer"
     return options
+
+
+async def _awaited(value: Awaitable[Any]) -> Any:
+    return await value
 
 
 def _provider_name(name: str) -> str:
@@ -626,6 +631,7 @@ class CodeMode:
         loop: Callable[[], asyncio.AbstractEventLoop],
         *,
         min_timeout_ms: int = 0,
+        outer_hook: bool = False,
     ) -> Result:
         started = time.perf_counter()
         if self._closed:
@@ -634,6 +640,29 @@ class CodeMode:
         checked = self._check_args(started, args)
         if isinstance(checked, Failed):
             return checked
+        if outer_hook and self._gate.hook is not None:
+            # The model's `exec` call itself, as the spec's hook event for it (it may block or
+            # rewrite the cell, e.g. through the `command` alias).
+            event = ToolCallEvent(
+                tool_id="exec",
+                name="exec",
+                source="codemode",
+                owner="codemode",
+                input=args,
+                session_id=session.session_id,
+                parent="",
+                tool_kind="code_mode_exec",
+                tool_input_kind=checked[1],
+            )
+            decision = self._gate.hook(event)
+            if inspect.isawaitable(decision):
+                decision = asyncio.run_coroutine_threadsafe(_awaited(decision), loop()).result()
+            if isinstance(decision, Block):
+                return self._invalid(started, f"code mode exec blocked: {decision.reason}")
+            if isinstance(decision, Rewrite):
+                checked = self._check_args(started, decision.input)
+                if isinstance(checked, Failed):
+                    return checked
         code, language, restart_safe, options = checked
         session_id, scope = session.session_id, session.scope
         timeout_ms = self.config.timeout_ms
@@ -901,7 +930,7 @@ class Session:
         args = args if isinstance(args, dict) else {}
         cm = self.codemode
         if name == "exec":
-            return self.exec(args)
+            return cm._exec(self, args, cm._loop.get, outer_hook=True).to_dict()
         if name == "wait":
             return self.wait(args)
         if name == "tool_search_code":
