@@ -631,7 +631,13 @@ def test_quick_index_lists_exact_ids_with_input_and_output_hints(ccm):
 def test_quick_index_marks_unknown_outputs_with_a_question_mark(ccm):
     lines = ccm.exec_description().splitlines()
     assert "- host:core:loose { key: string } -> ?" in lines
-    assert "- client:app:select_file unknown -> ?" in lines
+
+
+def test_quick_index_lists_host_ids_only_and_counts_client_tools_as_searchable(ccm):
+    """The spec: the index lists exact host/plugin ids; client tools are found by search."""
+    text = ccm.exec_description()
+    assert "client:app:select_file" not in text
+    assert "(+1 more: use tools.search(...) or ALL_TOOLS)" in text
 
 
 def test_quick_index_never_includes_descriptions(ccm):

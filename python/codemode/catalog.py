@@ -453,14 +453,16 @@ def quick_index(entries: Iterable[Mapping[str, Any]], *, max_chars: int = 4000) 
     """The bounded tool list for the ``exec`` description: ``- <id> <input> -> <output or ?>``.
 
     ``input`` and ``output`` are the rendered hints. Tools with a declared output come first (the
-    model can chain them without probing), then the rest, each group by id; MCP tools are left to
-    ``tools.search`` (their servers' schemas are untrusted and often large). Descriptions are never
+    model can chain them without probing), then the rest, each group by id; MCP and client tools
+    are left to ``tools.search`` (their schemas are untrusted, MCP ones often large). Descriptions are never
     included: they are untrusted prose and the costliest part. Lines stop before ``max_chars``
     would be exceeded, and a footer counts the tools left out that ``tools.search`` can find.
     """
-    given = list(entries)
+    searchable = [entry for entry in entries if entry.get("source") != "mcp"]
+    # The spec lists exact host/plugin ids only: client tools (untrusted schemas) stay behind
+    # `tools.search`/`ALL_TOOLS` with the overflow, and are counted in the footer.
     listed = sorted(
-        (entry for entry in given if entry.get("source") != "mcp"),
+        (entry for entry in searchable if entry.get("source") != "client"),
         key=lambda entry: (entry.get("output") is None, str(entry.get("id"))),
     )
     lines = [
@@ -468,7 +470,7 @@ def quick_index(entries: Iterable[Mapping[str, Any]], *, max_chars: int = 4000) 
     ]
 
     def render(shown: int) -> str:
-        omitted = len(listed) - shown
+        omitted = len(searchable) - shown
         footer = [f"(+{omitted} more: use tools.search(...) or ALL_TOOLS)"] if omitted else []
         return "\n".join([*lines[:shown], *footer])
 
