@@ -377,6 +377,35 @@ def test_search_tools_and_describe_tool_aliases_match_the_helpers(cs):
     assert out == {"same": True, "a": ["host:core:shipping_list"]}
 
 
+def test_describe_tool_gives_undefined_for_unknown_and_takes_script_identifiers(cs):
+    """The Codemode spec: describeTool returns the declaration or undefined, and accepts the
+    canonical name or the script identifier."""
+    out = value(
+        cs,
+        """
+        const byIdent = await describeTool('web_search');
+        return [await describeTool('nope') === undefined, byIdent.id, (await describeTool('web-search')).id];
+        """,
+    )
+    assert out == [True, "host:web:web-search", "host:web:web-search"]
+    assert guest_error(cs, "tools.describe('nope')") == "unknown tool: nope"  # the spec's tools.describe throws
+
+
+def test_search_tools_can_be_narrowed_to_a_namespace(cs):
+    out = value(
+        cs,
+        """
+        const all = (await searchTools('dup', {limit: 8})).map((t) => t.id);
+        const a = (await searchTools('dup', {namespace: 'a'})).map((t) => t.id);
+        const none = await searchTools('dup', {namespace: 'nowhere'});
+        return {all, a, none};
+        """,
+    )
+    assert set(out["all"]) >= {"host:a:dup", "host:b:dup"}
+    assert out["a"] == ["host:a:dup"]
+    assert out["none"] == []
+
+
 def test_mcp_tool_cannot_be_called_through_tools(cs):
     RAN.clear()
     assert guest_error(cs, f"tools.callValue('{MCP_ID}', {{}})") == f"unknown tool: {MCP_ID}"
@@ -406,8 +435,8 @@ def test_colliding_tools_stay_callable_by_id(cs):
 
 
 def test_tool_named_search_never_shadows_the_search_helper(cs):
-    out = value(cs, "return [tools.search === searchTools, (await tools.search('shipments'))[0].id]")
-    assert out == [True, "host:core:shipping_list"]
+    out = value(cs, "return [typeof tools.search, (await tools.search('shipments'))[0].id]")
+    assert out == ["function", "host:core:shipping_list"]
 
 
 def test_tool_named_call_value_never_shadows_the_call_value_helper(cs):

@@ -298,12 +298,21 @@ impl Catalog {
 
     /// Search results as a JSON array of compact entries.
     pub fn search_json(&self, query: &str, limit: usize) -> String {
+        self.search_in_json(query, limit, None)
+    }
+
+    /// `search_json` narrowed to one namespace: the owner part of the id (`host:<owner>:name`).
+    pub fn search_in_json(&self, query: &str, limit: usize, namespace: Option<&str>) -> String {
+        // With a namespace, rank the whole index and keep the first `limit` that belong to it.
+        let pool = if namespace.is_some() { self.indexed.len() } else { limit };
         let hits: Vec<&str> = self
             .index
-            .search(query, limit)
+            .search(query, pool)
             .into_iter()
             .filter_map(|i| self.indexed.get(i))
             .filter_map(|&position| self.entries.get(position))
+            .filter(|e| namespace.is_none_or(|ns| e.id.split(':').nth(1) == Some(ns)))
+            .take(limit)
             .map(|e| e.compact.as_str())
             .collect();
         format!("[{}]", hits.join(","))
@@ -351,6 +360,17 @@ mod tests {
         assert_eq!(c.resolve_safe_name("search"), None);
         assert_eq!(c.resolve_safe_name("create_issue"), None);
         assert_eq!(c.safe_names_json(), r#"["read","web_search"]"#);
+    }
+
+    #[test]
+    fn search_narrowed_to_a_namespace_keeps_only_its_tools_up_to_the_limit() {
+        let c = catalog();
+        let both = c.search_json("dup", 8);
+        assert!(both.contains("host:a:dup") && both.contains("client:b:dup"));
+        assert_eq!(c.search_in_json("dup", 8, Some("b")).matches("\"id\"").count(), 1);
+        assert!(c.search_in_json("dup", 8, Some("b")).contains("client:b:dup"));
+        assert_eq!(c.search_in_json("dup", 8, Some("nowhere")), "[]");
+        assert_eq!(c.search_in_json("read search web", 1, Some("web")).matches("\"id\"").count(), 1);
     }
 
     #[test]

@@ -765,7 +765,7 @@ fn install_prelude<'js>(
     let search_state = state.clone();
     host.set(
         "search",
-        Function::new(ctx.clone(), move |query: String, limit: Option<f64>| -> String {
+        Function::new(ctx.clone(), move |query: String, limit: Option<f64>, namespace: Option<String>| -> String {
             let mut st = search_state.borrow_mut();
             st.searches = st.searches.saturating_add(1);
             let most = st.limits.max_search_limit.max(1);
@@ -773,7 +773,7 @@ fn install_prelude<'js>(
                 Some(n) if n.is_finite() => (n.max(1.0) as usize).min(most),
                 _ => st.limits.search_default_limit.clamp(1, most),
             };
-            st.catalog.search_json(&query, limit)
+            st.catalog.search_in_json(&query, limit, namespace.as_deref())
         })?,
     )?;
     let describe_state = state.clone();

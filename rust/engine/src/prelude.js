@@ -174,13 +174,32 @@
 
   async function search(query, options) {
     const limit = options !== null && typeof options === "object" && typeof options.limit === "number" ? options.limit : undefined;
-    return deepFreeze(JsonParse(hostSearch(StringCtor(query === undefined ? "" : query), limit)));
+    return deepFreeze(JsonParse(hostSearch(StringCtor(query === undefined ? "" : query), limit, undefined)));
   }
 
   async function describe(id) {
     const found = hostDescribe(StringCtor(id));
     if (found === null || found === undefined) throw new ErrorCtor("unknown tool: " + StringCtor(id));
     return deepFreeze(JsonParse(found));
+  }
+
+  // The same helpers under their Codemode-spec names: `searchTools(query, {limit, namespace})`
+  // may be narrowed to one namespace (a tool's owner); `describeTool(name)` takes an id, a name
+  // or a script identifier (`get_sum` for `get-sum`) and gives the declaration or undefined.
+  async function searchTools(query, options) {
+    const given = options !== null && typeof options === "object";
+    const limit = given && typeof options.limit === "number" ? options.limit : undefined;
+    const namespace = given && options.namespace !== undefined ? StringCtor(options.namespace) : undefined;
+    return deepFreeze(JsonParse(hostSearch(StringCtor(query === undefined ? "" : query), limit, namespace)));
+  }
+  async function describeTool(name) {
+    const key = StringCtor(name);
+    let found = hostDescribe(key);
+    if (found === null || found === undefined) {
+      const id = hostResolve(key);
+      if (id !== null && id !== undefined) found = hostDescribe(id);
+    }
+    return found === null || found === undefined ? undefined : deepFreeze(JsonParse(found));
   }
 
   const helpers = ObjectFreeze({ search, describe, call, callValue });
@@ -216,8 +235,8 @@
     enumerable: false,
   });
   ObjectDefineProperty(G, "tools", { value: tools, enumerable: false });
-  ObjectDefineProperty(G, "searchTools", { value: search, enumerable: false });
-  ObjectDefineProperty(G, "describeTool", { value: describe, enumerable: false });
+  ObjectDefineProperty(G, "searchTools", { value: searchTools, enumerable: false });
+  ObjectDefineProperty(G, "describeTool", { value: describeTool, enumerable: false });
 
   // ---- MCP and API --------------------------------------------------------------------------
   // `MCP.<server>.<tool>(input)` is the only way a cell reaches MCP tools; it resolves to the exact
