@@ -260,8 +260,15 @@ def test_server_killed_while_idle_is_replaced_before_the_next_call(killable: Mcp
     killable.connect("every")
     pid = read_pid(pidfile)
     os.kill(pid, signal.SIGKILL)
-    # Gone means reaped, which the SDK does only after the session saw the stream end.
     wait_gone(pid)
+    # "Idle" means the end of its stream has been seen: the SDK may reap the process before its
+    # reader gets there (under load it does), and a tools/call sent before that point is not
+    # retried, by design (it may have run). Wait for the stream end, as an idle host would.
+    connection = killable._connections["every"]
+    deadline = time.monotonic() + 10
+    while not connection._stop.is_set() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert connection._stop.is_set(), "the stream end of a killed server was never seen"
 
     assert text_of(killable.call_tool("every", "get-sum", {"a": 2, "b": 3})) == "The sum of 2 and 3 is 5."
     assert read_pid(pidfile) != pid
