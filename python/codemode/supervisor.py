@@ -199,7 +199,7 @@ class Step(msgspec.Struct):
     describes: int = 0
     memory_bytes: int = 0
     reports: int = 0
-    #: The deadline has had its one settle-floor extension (see `Supervisor._settle`).
+    #: The deadline has had its one settle-floor extension (see `Supervisor._hand_results`).
     extended: bool = False
     deadline: float = 0.0
 
@@ -348,10 +348,9 @@ class Supervisor:
         if worker is not None and self._claim(worker):
             # Time spent waiting for the resident worker to finish another run is not the guest's.
             deadline += time.monotonic() - queued
-            run.journal.batches.append(results)
             try:
                 try:
-                    deadline = self._settle(worker, run, results, deadline, step)
+                    deadline = self._hand_results(worker, run, results, deadline, step)
                 except WorkerCrashed:
                     self._release(worker, discard=True)
                     raise
@@ -425,8 +424,7 @@ class Supervisor:
                     f"code mode run diverged on replay: {_divergence(expected, got, report.status)}",
                 )
                 return step
-            deadline = self._settle(worker, run, results, deadline, step)
-            journal.batches.append(results)
+            deadline = self._hand_results(worker, run, results, deadline, step)
             return self._drive(worker, run, deadline, step)
         except Deadline:
             self._release(worker, discard=True)
@@ -503,29 +501,6 @@ class Supervisor:
             run.worker = None
         self._release(worker, discard=discard)
         return step
-
-    def _settle(
-        self,
-        worker: WorkerProcess,
-        run: Run,
-        results: list[tuple[int, bool, str]],
-        deadline: float,
-        step: Step,
-        *,
-        driving: bool = True,
-    ) -> float:
-        """Hands results to the guest; returns the deadline, pushed out once per exec/wait call
-        so that results handed over just before it still get ``SETTLE_FLOOR_S`` of guest time."""
-        now = time.monotonic()
-        if not step.extended and deadline - now < SETTLE_FLOOR_S:
-            deadline, step.extended = now + SETTLE_FLOOR_S, True
-        step.deadline = deadline
-        frame = Settle(run.engine_run, results, max(1.0, (deadline - now) * 1000.0))
-        if driving:
-            worker.send(frame)
-        else:
-            worker.send_quietly(frame)
-        return deadline
 
     def _loop(self, worker: WorkerProcess, run: Run, deadline: float, step: Step) -> None:
         journal = run.journal
@@ -624,12 +599,23 @@ class Supervisor:
         *,
         driving: bool = True,
     ) -> float:
-        """Journals a batch of results and settles it into the run; returns the deadline.
-        ``driving=False``: on a tool's thread while the driver is parked."""
+        """Journals a batch of results and settles it into the run. Returns the deadline, pushed
+        out once per exec/wait call so that results handed over just before it still get
+        ``SETTLE_FLOOR_S`` of guest time. ``driving=False``: on a tool's thread while the driver
+        is parked."""
         for call_id, _, _ in results:
             run.journal.open_inputs.pop(call_id, None)
         run.journal.batches.append(results)
-        return self._settle(worker, run, results, deadline, step, driving=driving)
+        now = time.monotonic()
+        if not step.extended and deadline - now < SETTLE_FLOOR_S:
+            deadline, step.extended = now + SETTLE_FLOOR_S, True
+        step.deadline = deadline
+        frame = Settle(run.engine_run, results, max(1.0, (deadline - now) * 1000.0))
+        if driving:
+            worker.send(frame)
+        else:
+            worker.send_quietly(frame)
+        return deadline
 
 
 def _divergence(expected: list[tuple[int, str, str]], got: list[tuple[int, str, str]], status: str) -> str:
