@@ -28,13 +28,24 @@ from .config import BOUNDS, CodeModeConfig, load_config
 from .errors import ClosedError, CodemodeError, ConfigError
 from .mcp_api import mcp_names
 from .namespaces import NamespaceRegistration, Namespaces
-from .policy import Approver, Block, Hook, Policy, Rewrite, ToolCallEvent, Trace, TraceEvent
-from .protocol import Configure, EngineLimits, decode_guest_json
+from .policy import Approver, Hook, Policy, ToolCallEvent, Trace, TraceEvent
+from .protocol import Configure, EngineLimits
 from .runs import TOO_MANY, Journal, Run, RunLookupError, RunTable
 from .store import Store, StoreError, open_store
 from .supervisor import Step, Supervisor
 from .surfaces import SURFACES, ModelTool, Surface, control_tools, directory_listing, payload_bytes
-from .tools import MCP_TOOL, BackgroundLoop, CatalogView, Dispatcher, Gate, Tool, ToolRegistry, define_tool
+from .tools import (
+    MCP_TOOL,
+    BackgroundLoop,
+    Blocked,
+    CatalogView,
+    Dispatcher,
+    Gate,
+    Tool,
+    ToolRegistry,
+    apply_hook,
+    define_tool,
+)
 
 if TYPE_CHECKING:
     from .mcp import McpServers
@@ -123,11 +134,12 @@ Result = Completed | Failed | Waiting
 _LOG_PREFIX = {2: "", 3: "", 4: "[warn] ", 5: "[error] "}
 
 
-def _outputs(raw: list[tuple[int, str]], max_chars: int | None = None) -> list[Output]:
+def _outputs(raw: list[tuple[int, Any]], max_chars: int | None = None) -> list[Output]:
+    """The spec's outputs from a run's ``(kind, text)`` list (kind 1 already decoded)."""
     out: list[Output] = []
     for kind, text in raw:
         if kind == 1:
-            out.append(JsonOutput(decode_guest_json(text)))
+            out.append(JsonOutput(text))
         elif kind == 6:
             mime, _, data = text.partition(";")
             out.append(ImageOutput(mime, data))
@@ -657,10 +669,12 @@ class CodeMode:
             decision = self._gate.hook(event)
             if inspect.isawaitable(decision):
                 decision = asyncio.run_coroutine_threadsafe(_awaited(decision), loop()).result()
-            if isinstance(decision, Block):
-                return self._invalid(started, f"code mode exec blocked: {decision.reason}")
-            if isinstance(decision, Rewrite):
-                checked = self._check_args(started, decision.input)
+            try:
+                rewritten = apply_hook(decision, args)
+            except Blocked as e:
+                return self._invalid(started, f"code mode exec blocked: {e.reason}")
+            if rewritten is not args:
+                checked = self._check_args(started, rewritten)
                 if isinstance(checked, Failed):
                     return checked
         code, language, restart_safe, options = checked

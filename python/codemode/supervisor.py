@@ -99,25 +99,28 @@ class WorkerProcess:
     def pid(self) -> int:
         return self.proc.pid
 
-    def send(self, frame: msgspec.Struct) -> None:
+    def _write(self, frame: msgspec.Struct) -> OSError | None:
+        """Writes one frame; the error if the pipe is gone. Under the write lock, which
+        `close_pipes` takes too: the fd cannot be closed (and its number reused) meanwhile."""
         data = protocol.encode(frame)
-        try:
-            with self.write_lock:
+        with self.write_lock:
+            if self.proc.stdin is None or self.proc.stdin.closed:
+                return BrokenPipeError("pipe closed")
+            try:
                 protocol.write_all(self.wfd, data)
-        except OSError as e:
-            raise self.crashed(f"worker {self.pid} stopped reading: {e}") from None
+            except OSError as e:
+                return e
+        return None
+
+    def send(self, frame: msgspec.Struct) -> None:
+        error = self._write(frame)
+        if error is not None:
+            raise self.crashed(f"worker {self.pid} stopped reading: {error}")
 
     def send_quietly(self, frame: msgspec.Struct) -> None:
         """``send`` from a thread that is not driving this worker: a write that fails is left
         for the driver to notice (end of file on the pipe it reads), nothing is closed here."""
-        data = protocol.encode(frame)
-        with self.write_lock:  # `close_pipes` takes it too: the fd cannot be closed and reused meanwhile
-            if self.proc.stdin is None or self.proc.stdin.closed:
-                return
-            try:
-                protocol.write_all(self.wfd, data)
-            except OSError:
-                pass
+        self._write(frame)
 
     def recv(self, deadline: float, wake_fd: int | None = None) -> protocol.WorkerFrame | None:
         """The next frame; None if ``wake_fd`` became readable first. Raises ``Deadline``."""
@@ -193,7 +196,7 @@ class Step(msgspec.Struct):
     failure: tuple[str | None, str, str, str] | None = None
     reason: str = ""  # when suspended: pending_tools | yield
     store_writes: Any = None  # decoded: {key: value | None}, or None
-    outputs: list[tuple[int, str]] = msgspec.field(default_factory=list)
+    outputs: list[tuple[int, Any]] = msgspec.field(default_factory=list)  # kind 1 (json) decoded
     tool_calls: int = 0
     searches: int = 0
     describes: int = 0
@@ -516,10 +519,8 @@ class Supervisor:
             step.reports += 1
             step.searches += frame.searches
             step.describes += frame.describes
-            for kind, text in frame.outputs:
-                if kind == 1:
-                    decode_guest_json(text)  # checked here, where a bad frame discards its worker
-            step.outputs.extend(frame.outputs)
+            # Guest JSON is decoded here, where a bad frame discards its worker.
+            step.outputs.extend((kind, decode_guest_json(text) if kind == 1 else text) for kind, text in frame.outputs)
             step.memory_bytes = frame.memory_bytes
             journal.clock_reads.extend(frame.clock_reads)
             if frame.status == "completed":

@@ -29,7 +29,7 @@ from . import catalog
 from .errors import ToolDefinitionError
 from .mcp_api import camel_ident, declarations, mcp_names, tool_declaration
 from .namespaces import CallTable
-from .policy import Approver, Block, Hook, Policy, Rewrite, ToolCallEvent, Trace, TraceEvent
+from .policy import Approver, Block, Hook, HookResult, Policy, Rewrite, ToolCallEvent, Trace, TraceEvent
 
 __all__ = ["BackgroundLoop", "CatalogView", "Dispatcher", "Gate", "Tool", "ToolRegistry"]
 
@@ -292,6 +292,23 @@ class Refused(Exception):
     """A call stopped before its tool ran (blocked, not approved): the message is for the guest."""
 
 
+class Blocked(Refused):
+    """A hook returned ``Block(reason)``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"tool call blocked: {reason}")
+        self.reason = reason
+
+
+def apply_hook(decision: HookResult, args: Any) -> Any:
+    """A hook's decision over ``args``: the input to run with; ``Blocked`` if it blocked."""
+    if isinstance(decision, Block):
+        raise Blocked(decision.reason)
+    if isinstance(decision, Rewrite):
+        return decision.input
+    return args
+
+
 #: Results up to this size are handed to a parked run from the tool's own thread (a pipe holds
 #: them without blocking that thread); larger ones wake the run driver.
 DIRECT_SETTLE_BYTES = 32 << 10
@@ -443,11 +460,7 @@ class Dispatcher:
     def _gate_sync(self, tool: Tool, args: Any) -> Any:
         gate = self._gate
         if gate.hook is not None:
-            decision = gate.hook(self._event(tool, args))
-            if isinstance(decision, Block):
-                raise Refused(f"tool call blocked: {decision.reason}")
-            if isinstance(decision, Rewrite):
-                args = decision.input
+            args = apply_hook(gate.hook(self._event(tool, args)), args)  # type: ignore[arg-type]
         if gate.approve is not None and not gate.approve(self._event(tool, args)):
             raise Refused("tool call blocked: not approved")
         return args
@@ -458,10 +471,7 @@ class Dispatcher:
             decision = gate.hook(self._event(tool, args))
             if inspect.isawaitable(decision):
                 decision = await decision
-            if isinstance(decision, Block):
-                raise Refused(f"tool call blocked: {decision.reason}")
-            if isinstance(decision, Rewrite):
-                args = decision.input
+            args = apply_hook(decision, args)
         if gate.approve is not None:
             approved = gate.approve(self._event(tool, args))
             if inspect.isawaitable(approved):
