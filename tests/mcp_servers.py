@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
@@ -82,16 +82,26 @@ def read_pid(pidfile: Path, timeout_s: float = 10.0) -> int:
     raise AssertionError(f"no pid in {pidfile} after {timeout_s} s")
 
 
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    """Polls ``condition`` until it holds; fails with ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what} (after {timeout_s} s)")
+        time.sleep(0.01)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def wait_gone(pid: int, timeout_s: float = 10.0) -> None:
     """Waits until ``pid`` no longer exists (killed *and* reaped by its parent, the SDK)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"process {pid} still exists after {timeout_s} s")
+    wait_until(lambda: not _exists(pid), f"process {pid} still exists", timeout_s)
 
 
 def _free_port() -> int:

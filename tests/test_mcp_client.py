@@ -22,7 +22,7 @@ import msgspec
 import pytest
 from codemode.errors import ClosedError, ConfigError
 from codemode.mcp import McpServerError, McpServers, McpTimeoutError, parse_server_config
-from mcp_servers import everything_http, everything_server, read_pid, time_server, wait_gone, with_pidfile
+from mcp_servers import everything_http, everything_server, read_pid, time_server, wait_gone, wait_until, with_pidfile
 
 EVERYTHING_TOOLS = 13
 EVERYTHING_RESOURCES = 7
@@ -265,10 +265,7 @@ def test_server_killed_while_idle_is_replaced_before_the_next_call(killable: Mcp
     # reader gets there (under load it does), and a tools/call sent before that point is not
     # retried, by design (it may have run). Wait for the stream end, as an idle host would.
     connection = killable._connections["every"]
-    deadline = time.monotonic() + 10
-    while not connection._stop.is_set() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert connection._stop.is_set(), "the stream end of a killed server was never seen"
+    wait_until(connection._stop.is_set, "the stream end of a killed server was never seen")
 
     assert text_of(killable.call_tool("every", "get-sum", {"a": 2, "b": 3})) == "The sum of 2 and 3 is 5."
     assert read_pid(pidfile) != pid
