@@ -21,7 +21,12 @@ ROWS = [
     ("warm `exec`, back to back (median)", "test_exec_trivial_back_to_back", ""),
     ("one bare pipe round trip, idle (median)", "test_pipe_roundtrip_idle", "9-24 µs"),
     ("cell with 10 sequential awaited tool calls (median)", "test_exec_ten_sequential_tool_calls_idle", ""),
-    ("`wait` on a resident suspended run (median)", "test_wait_on_resident_run", "<= 100 µs"),
+    (
+        "`wait` on a resident suspended run whose tool has answered (median)",
+        "test_wait_on_resident_run_whose_tool_finished",
+        "<= 100 µs",
+    ),
+    ("`wait` answering a `yield_control()`, resident run (median)", "test_wait_on_resident_run", ""),
     ("`wait` replaying a journal of 10 tool calls (median)", "test_wait_replaying_ten_journaled_calls", "<= 1 ms"),
     ("first exec on a new `CodeMode`, worker spawn included (median)", "test_first_exec_on_new_codemode", "<= 60 ms"),
     ("warm `exec`, 10-tool catalog (median)", "test_exec_trivial_idle_by_catalog_size[10-tools]", ""),
@@ -91,7 +96,7 @@ def table(data: dict) -> str:
         sizes = ", ".join(f"{k.removeprefix('payload_bytes_')} {v:,} B" for k, v in payload.items())
         ratio = payload["payload_bytes_code"] / payload["payload_bytes_direct"]
         derived.append(f"model payload for 500 tools: {sizes}; code is **{ratio:.1%}** of direct (budget <= 10%)")
-    extra = by_name.get("test_wait_on_resident_run", {}).get("extra_info", {})
+    extra = by_name.get("test_wait_on_resident_run_whose_tool_finished", {}).get("extra_info", {})
     if "suspended_run_memory_bytes" in extra:
         derived.append(
             f"QuickJS memory of an idle suspended run: **{extra['suspended_run_memory_bytes'] / 1024:.0f} KiB**"

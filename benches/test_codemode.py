@@ -10,6 +10,7 @@ Two views of a warm exec:
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from pathlib import Path
@@ -83,15 +84,43 @@ TEN_THEN_YIELD = (
 )
 
 
+@pytest.fixture(scope="module")
+def late_session():
+    """Cells whose one tool answers just after the exec's deadline (the least, 100 ms)."""
+    with CodeMode({"workers": 1, "timeoutMs": 100}) as cm:
+
+        @cm.tool
+        async def late(x: int) -> int:
+            await asyncio.sleep(0.115)
+            return x
+
+        yield cm.session("bench-late")
+
+
+@pytest.mark.benchmark(group="resume")
+def test_wait_on_resident_run_whose_tool_finished(benchmark, late_session):
+    """The issue's `wait`: a run suspended on a pending tool, which has answered by the time
+    the model (a turn later) calls `wait`; its runtime is resident."""
+
+    def suspend():
+        waiting = late_session.exec({"code": "const v = await tools.late({x: 20}); return v + 1"})
+        assert waiting["status"] == "waiting"
+        time.sleep(0.03)  # the tool answers (at 115 ms) and a model turn passes
+        benchmark.extra_info["suspended_run_memory_bytes"] = waiting["telemetry"]["memoryBytes"]
+        return ({"runId": waiting["runId"]},), {}
+
+    assert benchmark.pedantic(late_session.wait, setup=suspend, rounds=150)["value"] == 21
+
+
 @pytest.mark.benchmark(group="resume")
 def test_wait_on_resident_run(benchmark, session):
-    """`wait` on a suspended run whose runtime is resident and whose pending call is answered."""
+    """`wait` on a run resident after `yield_control`: the wait itself answers the yield, so
+    it always costs a worker round trip."""
 
     def suspend():
         waiting = session.exec({"code": YIELDING})
         assert waiting["status"] == "waiting"
         time.sleep(0.01)  # a model turn: the worker has finished its idle work meanwhile
-        benchmark.extra_info["suspended_run_memory_bytes"] = waiting["telemetry"]["memoryBytes"]
         return ({"runId": waiting["runId"]},), {}
 
     assert benchmark.pedantic(session.wait, setup=suspend, rounds=300)["value"] == 1

@@ -13,6 +13,7 @@ import pytest
 from codemode import CodeMode, CodemodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from mcp_servers import wait_until
 
 UNAVAILABLE = "code mode run is unavailable or expired."
 FOREIGN = "code mode run belongs to a different session."
@@ -469,3 +470,117 @@ def test_a_cell_that_keeps_calling_tools_still_times_out(gate: Gate, tool: str) 
         else:  # a call is pending at the deadline: the run suspends, as the spec says
             assert result["status"] == "waiting", result
             assert session.cancel(result["runId"])
+
+
+# ---- advancing: a result that lands while the run is suspended is settled at once -----------
+
+
+def _advanced(cm: CodeMode, run_id: str, status: str) -> Any:
+    """The suspended run, once a background advance has taken it to ``status``."""
+    (run,) = [r for r in cm._runs.all() if r.run_id == run_id]
+    wait_until(lambda: run.ahead is not None and run.ahead.status == status and not run.advancing, "run advanced")
+    return run
+
+
+@pytest.fixture
+def recorded(wcm: CodeMode) -> list[int]:
+    calls: list[int] = []
+
+    @wcm.tool
+    def record(x: int) -> int:
+        calls.append(x)
+        return x
+
+    return calls
+
+
+def test_a_result_landing_while_suspended_is_settled_before_the_wait(wcm, gate):
+    s = wcm.session()
+    first = exec_(s, "text('a'); const v = await tools.slow({n: 4}); text('b'); return v + 2")
+    assert first["status"] == "waiting"
+    gate.open()
+    run = _advanced(wcm, first["runId"], "completed")
+    assert run.worker is None  # the runtime has finished: the `wait` needs no worker
+    done = s.wait({"runId": first["runId"]})
+    assert (done["status"], done["value"]) == ("completed", 42)
+    assert done["output"] == [{"type": "text", "text": "b"}]
+    assert done["telemetry"]["toolCalls"] == 1
+    assert wcm.suspended_runs() == []
+
+
+def test_calls_made_while_advancing_start_only_with_the_wait(wcm, gate, recorded):
+    s = wcm.session()
+    first = exec_(s, "const v = await tools.slow({n: 1}); text('got ' + v); return await tools.record({x: v})")
+    gate.open()
+    run = _advanced(wcm, first["runId"], "suspended")
+    time.sleep(0.05)
+    assert recorded == []  # held: the model has not asked the run to go on
+    assert [tool for _, tool, _ in run.held] == ["host:core:record"]
+    done = s.wait({"runId": first["runId"]})
+    assert (done["status"], done["value"]) == ("completed", 10)
+    assert recorded == [10]
+    assert done["output"] == [{"type": "text", "text": "got 10"}]
+    assert done["telemetry"]["toolCalls"] == 2
+
+
+def test_cancel_after_an_advance_never_starts_the_held_calls(wcm, gate, recorded):
+    s = wcm.session()
+    first = exec_(s, "const v = await tools.slow({n: 1}); return await tools.record({x: v})")
+    gate.open()
+    _advanced(wcm, first["runId"], "suspended")
+    assert s.cancel(first["runId"]) is True
+    time.sleep(0.05)
+    assert recorded == []
+    assert s.wait({"runId": first["runId"]})["code"] == "invalid_input"
+
+
+def test_an_advance_stops_at_a_yield_and_the_wait_reports_it(wcm, gate):
+    s = wcm.session()
+    code = "const v = await tools.slow({n: 2}); text('v=' + v); await yield_control('check'); return v"
+    first = exec_(s, code)
+    gate.open()
+    _advanced(wcm, first["runId"], "suspended")
+    yielded = s.wait({"runId": first["runId"]})
+    assert (yielded["status"], yielded["reason"]) == ("waiting", "yield")
+    assert yielded["output"] == [{"type": "text", "text": "v=2" + "0"}]
+    assert s.wait({"runId": first["runId"]})["value"] == 20
+
+
+def test_worker_killed_after_an_advance_replays_with_the_held_calls(wcm, gate, recorded):
+    s = wcm.session()
+    first = exec_(s, "const v = await tools.slow({n: 3}); text('got ' + v); return await tools.record({x: v}) + 1")
+    gate.open()
+    _advanced(wcm, first["runId"], "suspended")
+    for pid in wcm._supervisor.worker_pids():
+        os.kill(pid, signal.SIGKILL)
+    done = s.wait({"runId": first["runId"]})
+    assert (done["status"], done["value"]) == ("completed", 31), done
+    assert recorded == [30]
+    # Output of the advance is delivered once, by this `wait`; the replay's copy is dropped.
+    assert done["output"] == [{"type": "text", "text": "got 30"}]
+
+
+@pytest.mark.parametrize("wait_early", [False, True], ids=["after-both", "between"])
+def test_advances_go_on_as_more_results_land_and_outputs_keep_their_order(wcm, gate, wait_early):
+    s = wcm.session()
+    code = (
+        "const p = tools.slow({n: 1}), q = tools.sleepy({ms: 600, value: 5});"
+        "text('x' + await p); text('y' + await q); return 'done'"
+    )
+    first = exec_(s, code)
+    assert first["status"] == "waiting"
+    gate.open()
+    _advanced(wcm, first["runId"], "suspended" if wait_early else "completed")
+    done = s.wait({"runId": first["runId"]})
+    assert (done["status"], done["value"]) == ("completed", "done"), done
+    assert done["output"] == [{"type": "text", "text": "x10"}, {"type": "text", "text": "y5"}]
+
+
+def test_a_guest_that_spins_after_its_result_times_out_in_the_advance(wcm, gate):
+    s = wcm.session()
+    first = exec_(s, "await tools.slow({n: 1}); while (true) {}")
+    gate.open()
+    _advanced(wcm, first["runId"], "failed")
+    result = s.wait({"runId": first["runId"]})
+    assert (result["status"], result["code"]) == ("failed", "timeout")
+    assert exec_(s, "return 40 + 2")["value"] == 42

@@ -23,7 +23,7 @@ import msgspec
 from .protocol import EngineLimits
 
 if TYPE_CHECKING:
-    from .supervisor import WorkerProcess
+    from .supervisor import Step, WorkerProcess
     from .tools import Dispatcher
 
 __all__ = ["MAX_SUSPENDED_RUNS", "Journal", "JournalCall", "Run", "RunLookupError", "RunTable", "input_hash"]
@@ -86,11 +86,14 @@ class Run:
     """One suspended (or resuming) run in the host."""
 
     __slots__ = (
+        "advancing",
+        "ahead",
         "busy",
         "counts",
         "dispatcher",
         "engine_run",
         "expires_at",
+        "held",
         "journal",
         "output_chars",
         "run_id",
@@ -114,6 +117,13 @@ class Run:
         self.yields: list[int] = []
         self.busy = False
         self.expires_at = 0.0
+        #: Advanced while suspended (`CodeMode._advance`): results that landed after the
+        #: suspension were settled into the resident runtime at once, and the guest ran on to
+        #: its next report. ``ahead`` is what that step saw, for the next `wait` to return or
+        #: go on from; ``held`` are the calls it made, started only by that `wait`.
+        self.ahead: Step | None = None
+        self.held: list[tuple[int, str, str]] = []
+        self.advancing = False
         #: Cumulative over the run's exec and waits: tool calls, searches, describes.
         self.counts = [0, 0, 0]
         #: From the cell's ``// @options``: the text budget, and the wall clock of each call.
@@ -144,7 +154,7 @@ class RunTable:
         self._ttl = ttl_seconds
         self._limit = limit
         self._runs: dict[str, Run] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
 
     def __len__(self) -> int:
         return len(self._runs)
@@ -155,7 +165,7 @@ class RunTable:
             return []
         now = time.monotonic()
         with self._lock:
-            gone = [r for r in self._runs.values() if r.expires_at <= now and not r.busy]
+            gone = [r for r in self._runs.values() if r.expires_at <= now and not (r.busy or r.advancing)]
             for run in gone:
                 del self._runs[run.run_id]
         return gone
@@ -173,9 +183,13 @@ class RunTable:
             return True
 
     def claim(self, run_id: Any, session_id: str) -> Run:
-        """Marks a run as resuming; raises ``RunLookupError`` with the spec's message."""
+        """Marks a run as resuming; raises ``RunLookupError`` with the spec's message. A run
+        being advanced is waited for: that is work the caller would do itself."""
         with self._lock:
             run = self._runs.get(run_id) if isinstance(run_id, str) else None
+            while run is not None and run.advancing:
+                self._lock.wait()
+                run = self._runs.get(run_id)
             if run is None or run.expires_at <= time.monotonic():
                 raise RunLookupError(UNAVAILABLE)
             if run.session_id != session_id:
@@ -184,6 +198,19 @@ class RunTable:
                 raise RunLookupError(BUSY)
             run.busy = True
             return run
+
+    def begin_advance(self, run: Run) -> bool:
+        """Marks a suspended run as being advanced; False if it is resuming, advancing or gone."""
+        with self._lock:
+            if self._runs.get(run.run_id) is not run or run.busy or run.advancing:
+                return False
+            run.advancing = True
+            return True
+
+    def end_advance(self, run: Run) -> None:
+        with self._lock:
+            run.advancing = False
+            self._lock.notify_all()
 
     def remove(self, run: Run) -> None:
         if not run.run_id:

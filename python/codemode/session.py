@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
+import functools
 import inspect
 import itertools
 import os
@@ -257,6 +259,9 @@ class CodeMode:
         self._runs = RunTable(self.config.snapshot_ttl_seconds)
         self._sweeper: threading.Thread | None = None
         self._sweep_stop = threading.Event()
+        #: Advances suspended runs whose tools answered (see `_advance`); started on first need.
+        self._advancer: concurrent.futures.ThreadPoolExecutor | None = None
+        self._advancer_lock = threading.Lock()
         self._host_catalog: tuple[str, Catalog] | None = None
         self._mcp: McpServers | None = None
         #: MCP servers whose tools are in the registry (or that failed to list: name -> error).
@@ -573,6 +578,9 @@ class CodeMode:
             self._mcp.close()
         for run in self._runs.drain():
             run.dispatcher.close()
+        with self._advancer_lock:
+            if self._advancer is not None:
+                self._advancer.shutdown(wait=False, cancel_futures=True)
         self._supervisor.close()
         self._loop.close()
         self._store.close()
@@ -728,7 +736,7 @@ class CodeMode:
         started = time.perf_counter()
         if self._closed:
             raise ClosedError("this CodeMode is closed")
-        self._sweep()
+        # (No `_sweep` here: the sweeper expires runs, and `claim` refuses an expired one.)
         run_id = args.get("runId") if isinstance(args, dict) else None
         if not isinstance(run_id, str) or not run_id:
             return self._invalid(started, "wait requires a `runId` string.")
@@ -736,12 +744,17 @@ class CodeMode:
             run = self._runs.claim(run_id, session.scope)
         except RunLookupError as e:
             return self._invalid(started, str(e))
+        run.dispatcher.parent = f"wait_{next(self._call_ids)}"
+        ahead, run.ahead = run.ahead, None
+        if ahead is not None and (ahead.status != "suspended" or ahead.reason == "yield"):
+            # Advanced while suspended to where this `wait` would have stopped: no new call
+            # was started, so its step is this call's answer.
+            return self._finish(run, ahead, started, "wait")
         configure, view = self._configuration()
         if view.fingerprint != run.journal.catalog_fingerprint:
             # A replay must see the catalog the run started with; the journal records which.
             configure = self._configure_for(run)
-        run.dispatcher.parent = f"wait_{next(self._call_ids)}"
-        step = self._supervisor.resume(run, configure, run.timeout_ms)
+        step = self._supervisor.resume(run, configure, run.timeout_ms, ahead)
         return self._finish(run, step, started, "wait")
 
     def _snapshot(self, session_id: str, branch: str) -> dict[str, str]:
@@ -785,6 +798,7 @@ class CodeMode:
                 self._retire(run)
                 return Failed(error=TOO_MANY, code="invalid_input", telemetry=telemetry, output=output)
             self._start_sweeper()
+            self._arm_advance(run)
             return Waiting(
                 run_id=run.run_id,
                 reason=step.reason,
@@ -805,6 +819,40 @@ class CodeMode:
         code_, name, message, _stack = step.failure or ("internal_error", "Error", "unknown failure", "")
         error = message if code_ is not None else (f"{name}: {message}" if message else name)
         return Failed(error=error, code=code_, telemetry=telemetry, output=output)
+
+    def _arm_advance(self, run: Run) -> None:
+        """When a tool of this suspended run answers, its result is settled into the resident
+        runtime at once (on a background thread), so the `wait` that asks for it costs no
+        worker round trip. Runs that yielded or are restart-safe wait for their `wait`."""
+        if run.yields or run.held or run.journal.restart_safe or run.worker is None:
+            return
+        run.dispatcher.notify(functools.partial(self._start_advance, run))
+
+    def _start_advance(self, run: Run) -> None:
+        with self._advancer_lock:
+            if self._closed:
+                return
+            if self._advancer is None:
+                workers = self._supervisor.size
+                self._advancer = concurrent.futures.ThreadPoolExecutor(workers, "codemode-advance")
+            self._advancer.submit(self._advance, run)
+
+    def _advance(self, run: Run) -> None:
+        if not self._runs.begin_advance(run):
+            return  # a `wait` (or cancel) has it, or it is gone
+        step = None
+        try:
+            step = self._supervisor.advance(run, run.timeout_ms)
+            if step is not None:
+                run.ahead = step
+                if step.status != "suspended":
+                    run.dispatcher.close()  # nothing is in flight; spares the `wait` the work
+        except ClosedError:
+            pass
+        finally:
+            self._runs.end_advance(run)
+        if step is None or (step.status == "suspended" and not run.held):
+            self._arm_advance(run)
 
     def _retire(self, run: Run) -> None:
         """A run is over (or abandoned): leave the table, free its runtime, cancel its tools."""

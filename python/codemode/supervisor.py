@@ -309,6 +309,10 @@ class Supervisor:
         for worker in workers:
             worker.shutdown(0.2)
 
+    @property
+    def size(self) -> int:
+        return self._size
+
     def worker_pids(self) -> list[int]:
         with self._cond:
             return [w.pid for w in list(self._idle) + list(self._busy)]
@@ -338,10 +342,16 @@ class Supervisor:
                     return step
         return step
 
-    def resume(self, run: Run, configure: Configure, timeout_ms: int) -> Step:
-        """Settles what finished into a suspended run and drives it on (``wait``)."""
+    def resume(self, run: Run, configure: Configure, timeout_ms: int, ahead: Step | None = None) -> Step:
+        """Settles what finished into a suspended run and drives it on (``wait``). ``ahead``: the
+        step `advance` took, whose held calls start now and whose outputs lead this one's."""
         deadline = time.monotonic() + timeout_ms / 1000.0
-        step = Step()
+        step = Step() if ahead is None else ahead
+        step.reports, step.extended = 0, False
+        if run.held:
+            calls, run.held = run.held, []
+            step.tool_calls += len(calls)
+            run.dispatcher.submit(calls)
         results = self._collect(run, deadline)
         if not results:
             step.status, step.reason = "suspended", "pending_tools"
@@ -363,10 +373,39 @@ class Supervisor:
                     return step
                 # It died before it took these results: they are still to be delivered.
                 run.journal.batches.pop()
-                step = Step()
+                step.extended = False
         # The resident runtime is gone: rebuild it from the journal, then settle.
         run.worker = None
         return self._replay(run, configure, results, deadline, timeout_ms, step)
+
+    def advance(self, run: Run, timeout_ms: int) -> Step | None:
+        """Settles results that landed while the run was suspended into its resident runtime,
+        and runs the guest on to its next report, before anyone asks: the next ``wait`` then
+        finds the work done. Nothing the host would see starts here: new calls are held for
+        that ``wait`` (a run never gets further than its pending calls allow). None if there
+        was nothing to do, or the resident runtime is gone (``wait`` replays)."""
+        worker = run.worker
+        if worker is None or not self._claim(worker):
+            return None
+        results = run.dispatcher.take_ready()
+        if not results:
+            self._release(worker)
+            return None
+        step = Step() if run.ahead is None else run.ahead
+        step.reports, step.extended = 0, False
+        try:
+            try:
+                deadline = self._hand_results(worker, run, results, time.monotonic() + timeout_ms / 1000.0, step)
+            except WorkerCrashed:
+                self._release(worker, discard=True)
+                raise
+            return self._drive(worker, run, deadline, step, ahead=True)
+        except WorkerCrashed:
+            # Gone before it took them: the next `wait` replays, then delivers them.
+            run.journal.batches.pop()
+            run.dispatcher.requeue(results)
+            run.worker = None
+            return None
 
     def drop(self, run: Run) -> None:
         """Frees a suspended run's resident runtime (cancel, expiry, snapshot limit)."""
@@ -471,12 +510,12 @@ class Supervisor:
                     return None
         return None
 
-    def _drive(self, worker: WorkerProcess, run: Run, deadline: float, step: Step) -> Step:
+    def _drive(self, worker: WorkerProcess, run: Run, deadline: float, step: Step, *, ahead: bool = False) -> Step:
         """Reads reports, runs tools, settles, until the run ends or suspends; then releases
-        the worker (killed and replaced if it misbehaved or overran)."""
+        the worker (killed and replaced if it misbehaved or overran). ``ahead``: see `advance`."""
         discard = False
         try:
-            self._loop(worker, run, deadline, step)
+            self._loop(worker, run, deadline, step, ahead)
         except Deadline:
             # The guest is still running past deadline + grace: only a kill stops it.
             discard = True
@@ -505,7 +544,7 @@ class Supervisor:
         self._release(worker, discard=discard)
         return step
 
-    def _loop(self, worker: WorkerProcess, run: Run, deadline: float, step: Step) -> None:
+    def _loop(self, worker: WorkerProcess, run: Run, deadline: float, step: Step, ahead: bool) -> None:
         journal = run.journal
         dispatcher = run.dispatcher
         frame: protocol.WorkerFrame | None = None
@@ -546,7 +585,9 @@ class Supervisor:
                     calls.append((call_id, tool, data))
                     if journal.restart_safe:
                         journal.open_inputs[call_id] = data
-            if calls:
+            if ahead:
+                run.held.extend(calls)
+            elif calls:
                 step.tool_calls += len(calls)
                 dispatcher.submit(calls)
             frame = None
@@ -555,15 +596,19 @@ class Supervisor:
                 if run.yields:
                     step.status, step.reason = "suspended", "yield"
                     return
-                if journal.restart_safe:
+                if journal.restart_safe or run.held:
                     # Restart-safe runs are never drained within the call (the spec), not even
-                    # by a tool that answered at once: each result goes through a `wait`.
+                    # by a tool that answered at once: each result goes through a `wait`. Held
+                    # calls (`advance`) start with the next `wait`.
                     step.status, step.reason = "suspended", "pending_tools"
                     return
                 results = dispatcher.take_ready()
                 if results:
                     deadline = self._hand_results(worker, run, results, deadline, step)
                     break
+                if ahead:
+                    step.status, step.reason = "suspended", "pending_tools"
+                    return
                 # The first async result is settled by the thread that finished it: the worker
                 # gets it without a wake-up (and a GIL hand-off) of this thread in between.
                 dispatcher.arm(

@@ -365,6 +365,8 @@ class Dispatcher:
         #: Set while the run driver is parked (`arm`): the first finished call hands the ready
         #: results to it on the thread that finished them, without waking the driver.
         self._on_ready: Callable[[list[tuple[int, bool, str]]], object] | None = None
+        #: Set while the run is suspended (`notify`): told once when a result lands.
+        self._on_result: Callable[[], object] | None = None
 
     @property
     def wake_fd(self) -> int:
@@ -574,6 +576,7 @@ class Dispatcher:
                 return  # cancelled
             del self._futures[call_id]
             self._ready.append(result)
+            told, self._on_result = self._on_result, None
             handler = self._on_ready
             if handler is not None and sum(len(r[2]) for r in self._ready) <= DIRECT_SETTLE_BYTES:
                 self._on_ready = None
@@ -588,6 +591,23 @@ class Dispatcher:
                         pass  # full of wake-ups already
         if handler is not None:
             handler(ready)
+        if told is not None:
+            told()
+
+    def notify(self, callback: Callable[[], object]) -> None:
+        """Calls ``callback`` once, on the thread of the next result to land (or now, if one is
+        ready already)."""
+        with self._lock:
+            if not self._ready:
+                self._on_result = callback
+                return
+            self._on_result = None
+        callback()
+
+    def requeue(self, results: list[tuple[int, bool, str]]) -> None:
+        """Puts back results taken with ``take_ready`` that could not be delivered."""
+        with self._lock:
+            self._ready[:0] = results
 
     def arm(self, handler: Callable[[list[tuple[int, bool, str]]], object]) -> None:
         """The run driver parks: the next call to finish passes the ready results to ``handler``
@@ -633,6 +653,7 @@ class Dispatcher:
     def cancel(self) -> None:
         with self._lock:
             futures, self._futures = list(self._futures.values()), {}
+            self._on_result = None
         for future in futures:
             if future is not None:
                 future.cancel()
