@@ -584,3 +584,26 @@ def test_a_guest_that_spins_after_its_result_times_out_in_the_advance(wcm, gate)
     result = s.wait({"runId": first["runId"]})
     assert (result["status"], result["code"]) == ("failed", "timeout")
     assert exec_(s, "return 40 + 2")["value"] == 42
+
+
+def test_an_advance_that_grows_the_snapshot_past_the_limit_fails_the_wait(make_codemode, gate):
+    cm = make_codemode({"workers": 1, "timeoutMs": 300, "maxSnapshotBytes": 1 << 20})
+    add_tools(cm, gate)
+    calls: list[int] = []
+
+    @cm.tool
+    def record(x: int) -> int:
+        calls.append(x)
+        return x
+
+    s = cm.session()
+    code = "const v = await tools.slow({n: 1}); globalThis.big = 'x'.repeat(3 << 20); return await tools.record({x: v})"
+    first = exec_(s, code)
+    assert first["status"] == "waiting"
+    gate.open()
+    run = _advanced(cm, first["runId"], "suspended")
+    assert run.worker is None  # the oversized runtime is freed at once
+    result = s.wait({"runId": first["runId"]})
+    assert (result["status"], result["code"]) == ("failed", "snapshot_limit_exceeded")
+    assert calls == []
+    assert cm.suspended_runs() == []

@@ -746,7 +746,9 @@ class CodeMode:
             return self._invalid(started, str(e))
         run.dispatcher.parent = f"wait_{next(self._call_ids)}"
         ahead, run.ahead = run.ahead, None
-        if ahead is not None and (ahead.status != "suspended" or ahead.reason == "yield"):
+        if ahead is not None and (
+            ahead.status != "suspended" or ahead.reason == "yield" or ahead.memory_bytes > self.config.max_snapshot_bytes
+        ):
             # Advanced while suspended to where this `wait` would have stopped: no new call
             # was started, so its step is this call's answer.
             return self._finish(run, ahead, started, "wait")
@@ -847,6 +849,8 @@ class CodeMode:
                 run.ahead = step
                 if step.status != "suspended":
                     run.dispatcher.close()  # nothing is in flight; spares the `wait` the work
+                elif step.memory_bytes > self.config.max_snapshot_bytes:
+                    self._supervisor.drop(run)  # the `wait` fails it; the memory goes now
         except ClosedError:
             pass
         finally:
