@@ -607,3 +607,21 @@ def test_an_advance_that_grows_the_snapshot_past_the_limit_fails_the_wait(make_c
     assert (result["status"], result["code"]) == ("failed", "snapshot_limit_exceeded")
     assert calls == []
     assert cm.suspended_runs() == []
+
+
+def test_an_advance_never_queues_for_a_busy_worker_so_cancel_is_not_delayed(wcm, gate):
+    s = wcm.session()
+    first = exec_(s, "return await tools.slow({n: 1})")
+    busy: dict[str, Any] = {}
+    spin = threading.Thread(
+        target=lambda: busy.update(exec_(s, "const t = Date.now(); while (Date.now() - t < 250) {} return 'spun'"))
+    )
+    spin.start()
+    time.sleep(0.05)  # the one worker is now running the spin
+    gate.open()
+    time.sleep(0.03)  # the tool answers; its run cannot be advanced now
+    started = time.monotonic()
+    assert s.cancel(first["runId"]) is True
+    assert time.monotonic() - started < 0.1
+    spin.join()
+    assert busy["value"] == "spun"

@@ -855,8 +855,8 @@ class CodeMode:
             pass
         finally:
             self._runs.end_advance(run)
-        if step is None or (step.status == "suspended" and not run.held):
-            self._arm_advance(run)
+        if step is not None and step.status == "suspended" and not run.held:
+            self._arm_advance(run)  # parked on its other calls: the next result advances it again
 
     def _retire(self, run: Run) -> None:
         """A run is over (or abandoned): leave the table, free its runtime, cancel its tools."""

@@ -259,9 +259,9 @@ class Supervisor:
                     continue
                 self._cond.wait()
 
-    def _claim(self, worker: WorkerProcess) -> bool:
+    def _claim(self, worker: WorkerProcess, *, wait: bool = True) -> bool:
         """Takes this particular worker (it holds a resident run) once it is idle; False if it
-        is gone from the pool."""
+        is gone from the pool (or busy, unless told to ``wait``)."""
         with self._cond:
             while True:
                 if self._closed:
@@ -272,7 +272,7 @@ class Supervisor:
                     self._idle.remove(worker)
                     self._busy.add(worker)
                     return True
-                if worker not in self._busy:
+                if worker not in self._busy or not wait:
                     return False
                 self._cond.wait()
 
@@ -383,9 +383,10 @@ class Supervisor:
         and runs the guest on to its next report, before anyone asks: the next ``wait`` then
         finds the work done. Nothing the host would see starts here: new calls are held for
         that ``wait`` (a run never gets further than its pending calls allow). None if there
-        was nothing to do, or the resident runtime is gone (``wait`` replays)."""
+        was nothing to do, or its worker is busy (``wait`` settles, as without advancing) or
+        gone (``wait`` replays); an advance never queues, so it never delays a cancel."""
         worker = run.worker
-        if worker is None or not self._claim(worker):
+        if worker is None or not self._claim(worker, wait=False):
             return None
         results = run.dispatcher.take_ready()
         if not results:
