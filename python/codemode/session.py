@@ -747,10 +747,12 @@ class CodeMode:
         run.dispatcher.parent = f"wait_{next(self._call_ids)}"
         ahead, run.ahead = run.ahead, None
         if ahead is not None and (
-            ahead.status != "suspended" or ahead.reason == "yield" or ahead.memory_bytes > self.config.max_snapshot_bytes
+            ahead.status != "suspended"
+            or ahead.reason == "yield"
+            or ahead.memory_bytes > self.config.max_snapshot_bytes
         ):
-            # Advanced while suspended to where this `wait` would have stopped: no new call
-            # was started, so its step is this call's answer.
+            # Advanced while suspended to where this `wait` would have stopped (or to a
+            # snapshot too big to keep): no new call was started, so its step is the answer.
             return self._finish(run, ahead, started, "wait")
         configure, view = self._configuration()
         if view.fingerprint != run.journal.catalog_fingerprint:
