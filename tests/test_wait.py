@@ -609,9 +609,9 @@ def test_an_advance_that_grows_the_snapshot_past_the_limit_fails_the_wait(make_c
     assert cm.suspended_runs() == []
 
 
-def test_an_advance_never_queues_for_a_busy_worker_so_cancel_is_not_delayed(wcm, gate):
+def test_an_advance_waits_for_a_busy_worker_without_delaying_a_cancel(wcm, gate):
     s = wcm.session()
-    first = exec_(s, "return await tools.slow({n: 1})")
+    cancelled, advanced = (exec_(s, "return await tools.slow({n: %d})" % n) for n in (1, 2))
     busy: dict[str, Any] = {}
     spin = threading.Thread(
         target=lambda: busy.update(exec_(s, "const t = Date.now(); while (Date.now() - t < 250) {} return 'spun'"))
@@ -619,9 +619,11 @@ def test_an_advance_never_queues_for_a_busy_worker_so_cancel_is_not_delayed(wcm,
     spin.start()
     time.sleep(0.05)  # the one worker is now running the spin
     gate.open()
-    time.sleep(0.03)  # the tool answers; its run cannot be advanced now
+    time.sleep(0.03)  # the tools answer; their runs cannot be advanced yet
     started = time.monotonic()
-    assert s.cancel(first["runId"]) is True
+    assert s.cancel(cancelled["runId"]) is True
     assert time.monotonic() - started < 0.1
     spin.join()
     assert busy["value"] == "spun"
+    _advanced(wcm, advanced["runId"], "completed")  # once the worker is free
+    assert s.wait({"runId": advanced["runId"]})["value"] == 20

@@ -846,7 +846,7 @@ class CodeMode:
             return  # a `wait` (or cancel) has it, or it is gone
         step = None
         try:
-            step = self._supervisor.advance(run, run.timeout_ms)
+            step = self._supervisor.advance(run, run.timeout_ms, functools.partial(self._start_advance, run))
             if step is not None:
                 run.ahead = step
                 if step.status != "suspended":

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -94,6 +95,8 @@ class WorkerProcess:
         self.runs = 0
         #: A `Drop` for a suspended run may be written while another thread drives this worker.
         self.write_lock = threading.Lock()
+        #: Called once the worker is released (`Supervisor._claim` with ``later``).
+        self.on_release: list[Callable[[], object]] = []
 
     @property
     def pid(self) -> int:
@@ -259,9 +262,10 @@ class Supervisor:
                     continue
                 self._cond.wait()
 
-    def _claim(self, worker: WorkerProcess, *, wait: bool = True) -> bool:
+    def _claim(self, worker: WorkerProcess, *, later: Callable[[], object] | None = None) -> bool:
         """Takes this particular worker (it holds a resident run) once it is idle; False if it
-        is gone from the pool (or busy, unless told to ``wait``)."""
+        is gone from the pool. With ``later``, a busy worker is not waited for: False, and
+        ``later`` is called when it is released."""
         with self._cond:
             while True:
                 if self._closed:
@@ -272,13 +276,17 @@ class Supervisor:
                     self._idle.remove(worker)
                     self._busy.add(worker)
                     return True
-                if worker not in self._busy or not wait:
+                if worker not in self._busy:
+                    return False
+                if later is not None:
+                    worker.on_release.append(later)
                     return False
                 self._cond.wait()
 
     def _release(self, worker: WorkerProcess, *, discard: bool = False) -> None:
         with self._cond:
             self._busy.discard(worker)
+            callbacks, worker.on_release = worker.on_release, []
             worker.runs += 1
             if discard or self._closed or worker.runs >= RUNS_PER_WORKER:
                 retire = True
@@ -297,6 +305,8 @@ class Supervisor:
                 worker.kill()
             else:
                 worker.shutdown()
+        for callback in callbacks:
+            callback()
 
     def close(self) -> None:
         with self._cond:
@@ -378,15 +388,15 @@ class Supervisor:
         run.worker = None
         return self._replay(run, configure, results, deadline, timeout_ms, step)
 
-    def advance(self, run: Run, timeout_ms: int) -> Step | None:
+    def advance(self, run: Run, timeout_ms: int, later: Callable[[], object]) -> Step | None:
         """Settles results that landed while the run was suspended into its resident runtime,
         and runs the guest on to its next report, before anyone asks: the next ``wait`` then
         finds the work done. Nothing the host would see starts here: new calls are held for
         that ``wait`` (a run never gets further than its pending calls allow). None if there
-        was nothing to do, or its worker is busy (``wait`` settles, as without advancing) or
-        gone (``wait`` replays); an advance never queues, so it never delays a cancel."""
+        was nothing to do, its worker is gone (``wait`` replays) or busy: an advance never
+        queues (it would delay a cancel); ``later`` is called when the worker is free."""
         worker = run.worker
-        if worker is None or not self._claim(worker, wait=False):
+        if worker is None or not self._claim(worker, later=later):
             return None
         results = run.dispatcher.take_ready()
         if not results:
