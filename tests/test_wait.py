@@ -611,7 +611,7 @@ def test_an_advance_that_grows_the_snapshot_past_the_limit_fails_the_wait(make_c
 
 def test_an_advance_waits_for_a_busy_worker_without_delaying_a_cancel(wcm, gate):
     s = wcm.session()
-    cancelled, advanced = (exec_(s, "return await tools.slow({n: %d})" % n) for n in (1, 2))
+    cancelled, advanced = (exec_(s, f"return await tools.slow({{n: {n}}})") for n in (1, 2))
     busy: dict[str, Any] = {}
     spin = threading.Thread(
         target=lambda: busy.update(exec_(s, "const t = Date.now(); while (Date.now() - t < 250) {} return 'spun'"))
