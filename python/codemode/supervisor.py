@@ -5,6 +5,8 @@
                         │  Configure (only if its limits/catalog are stale), Start ──> worker
                         │      worker: engine.start ──> Report(pending, calls)
                         │  dispatcher runs the calls in the host (sync inline, async on a loop)
+                        │      (parked on one loop's calls: that loop's thread reads the
+                        │      worker's next report and starts its calls itself, see `_Relay`)
                         │  Settle(results) ──> worker: engine.settle ──> Report(...)
                         │  ... until completed | failed, or the deadline:
                         │      guest still running at deadline + grace -> SIGKILL, replace, `timeout`
