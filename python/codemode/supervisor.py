@@ -5,6 +5,8 @@
                         │  Configure (only if its limits/catalog are stale), Start ──> worker
                         │      worker: engine.start ──> Report(pending, calls)
                         │  dispatcher runs the calls in the host (sync inline, async on a loop)
+                        │      (parked on one loop's calls: that loop's thread reads the
+                        │      worker's next report and starts its calls itself, see `_Relay`)
                         │  Settle(results) ──> worker: engine.settle ──> Report(...)
                         │  ... until completed | failed, or the deadline:
                         │      guest still running at deadline + grace -> SIGKILL, replace, `timeout`
@@ -24,6 +26,7 @@ the worker; the SIGKILL at deadline + grace is the backstop for builtins that ne
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import functools
 import os
@@ -125,16 +128,22 @@ class WorkerProcess:
         for the driver to notice (end of file on the pipe it reads), nothing is closed here."""
         self._write(frame)
 
+    def take_frame(self) -> protocol.WorkerFrame | None:
+        """The next frame if the reader holds all of it."""
+        body = self.reader.poll()
+        if body is None:
+            return None
+        try:
+            return protocol.worker_decoder.decode(body)
+        except msgspec.DecodeError as e:
+            raise ProtocolError(f"worker {self.pid} sent a malformed frame: {e}") from None
+
     def recv(self, deadline: float, wake_fd: int | None = None) -> protocol.WorkerFrame | None:
         """The next frame; None if ``wake_fd`` became readable first. Raises ``Deadline``."""
         reader = self.reader
         while True:
-            body = reader.poll()
-            if body is not None:
-                try:
-                    frame = protocol.worker_decoder.decode(body)
-                except msgspec.DecodeError as e:
-                    raise ProtocolError(f"worker {self.pid} sent a malformed frame: {e}") from None
+            frame = self.take_frame()
+            if frame is not None:
                 return frame
             timeout = deadline - time.monotonic()
             if timeout <= 0:
@@ -208,6 +217,121 @@ class Step(msgspec.Struct):
     #: The deadline has had its one settle-floor extension (see `Supervisor._hand_results`).
     extended: bool = False
     deadline: float = 0.0
+
+
+class _Relay:
+    """Lets the event loop that runs a parked run's tool calls take the worker's next reports.
+
+    Why: a tool call from a cell costs five thread/process wake-ups (worker -> driver thread ->
+    loop thread -> MCP server -> loop thread -> worker) where the same call through the MCP SDK
+    costs four, and each is 30-100 µs on a busy machine. While the driver is parked and every
+    call in flight runs on one loop, that loop's thread watches the worker (``add_reader``); a
+    report that only starts more calls on the same loop is journaled and started right there
+    (`Supervisor._take_report`), without the driver. Any other frame, an error or the end of
+    the pipe is handed back untouched, and the driver (asleep on the dispatcher's wake fd,
+    never on the worker) goes on as if it had read it itself.
+
+    ``_lock`` guards who reads the worker: the relay only while ``_active``; the driver clears
+    it (hand-back, waiting results, or the deadline) before it touches the worker again. A
+    partial frame stays in the worker's reader. The loop watches a dup of the worker's read fd
+    that only the loop thread closes, once it stops watching: however late the loop gets to it,
+    no fd number is reused under its selector.
+    """
+
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        worker: WorkerProcess,
+        run: Run,
+        step: Step,
+        loop: asyncio.AbstractEventLoop,
+        deadline: float,
+    ) -> None:
+        self._supervisor = supervisor
+        self._worker = worker
+        self._run = run
+        self._step = step
+        self._loop = loop
+        self._deadline = deadline
+        self._lock = threading.Lock()
+        self._active = True
+        self._fd = -1
+        #: The hand-back: a frame the relay did not take, the error it met, or the pipe's end.
+        self._handed_back = False
+        self._frame: protocol.WorkerFrame | None = None
+        self._error: Exception | None = None
+        self._eof = False
+
+    def wait(self) -> protocol.WorkerFrame | None:
+        """On the driver, in place of ``worker.recv(deadline, wake_fd)``: sleeps until the relay
+        hands the worker back, results wait for the driver, or the deadline (``Deadline``)."""
+        dispatcher = self._run.dispatcher
+        self._fd = os.dup(self._worker.rfd)
+        try:
+            self._loop.call_soon_threadsafe(self._attach)
+        except RuntimeError:  # the loop is closed
+            os.close(self._fd)
+            return self._worker.recv(self._deadline, dispatcher.wake_fd)
+        poller = select.poll()
+        poller.register(dispatcher.wake_fd, select.POLLIN)
+        while True:
+            # The relay may have pushed the deadline (a settle-floor extension).
+            timeout = max(self._deadline, self._step.deadline) - time.monotonic()
+            if timeout <= 0 or poller.poll(timeout * 1000.0):
+                break
+        with self._lock:
+            self._active = False
+        dispatcher.clear_wakes()
+        if not self._handed_back:
+            try:
+                self._loop.call_soon_threadsafe(self._detach)
+            except RuntimeError:
+                pass  # closed: its selector watches nothing any more (the dup is leaked)
+            if timeout <= 0:
+                raise Deadline
+            return None
+        if self._error is not None:
+            raise self._error
+        if self._eof:
+            raise self._worker.crashed(f"worker {self._worker.pid} exited")
+        return self._frame
+
+    def _attach(self) -> None:
+        with self._lock:
+            if self._active:
+                self._loop.add_reader(self._fd, self._readable)
+
+    def _detach(self) -> None:
+        """On the loop thread, once: stops watching and closes the dup."""
+        self._loop.remove_reader(self._fd)
+        os.close(self._fd)
+
+    def _readable(self) -> None:
+        worker, run, dispatcher = self._worker, self._run, self._run.dispatcher
+        with self._lock:
+            if not self._active:
+                return  # the driver took it back; `_detach` is on its way
+            try:
+                if not worker.reader.fill():
+                    self._eof = True
+                else:
+                    frame = worker.take_frame()
+                    # A frame while armed: the worker spoke unasked (the driver says so).
+                    while frame is not None and not dispatcher.armed:
+                        if self._supervisor._take_report(worker, run, frame, self._step, self._loop) is None:
+                            break
+                        self._deadline = max(self._deadline, self._step.deadline)
+                        self._supervisor._settle_or_arm(worker, run, self._deadline, self._step, driving=False)
+                        frame = worker.take_frame()
+                    if frame is None:
+                        return  # taken, or the rest of it is still to come
+                    self._frame = frame
+            except Exception as e:
+                self._error = e
+            self._active = False
+            self._handed_back = True
+            self._detach()
+        dispatcher.wake()
 
 
 def _failed(code: str, name: str, message: str) -> tuple[str | None, str, str, str]:
@@ -562,45 +686,8 @@ class Supervisor:
         while True:
             if frame is None:
                 frame = worker.recv(deadline + KILL_GRACE_S)
-            if isinstance(frame, Fault):
-                raise WorkerUnavailable(f"code mode runtime is unavailable: {frame.message}")
-            if not isinstance(frame, Report) or frame.run != run.engine_run:
-                raise ProtocolError(f"worker {worker.pid} answered out of order")
-            step.reports += 1
-            step.searches += frame.searches
-            step.describes += frame.describes
-            # Guest JSON is decoded here, where a bad frame discards its worker.
-            step.outputs.extend((kind, decode_guest_json(text) if kind == 1 else text) for kind, text in frame.outputs)
-            step.memory_bytes = frame.memory_bytes
-            journal.clock_reads.extend(frame.clock_reads)
-            if frame.status == "completed":
-                step.value = decode_guest_json(frame.value) if frame.value is not None else None
-                if frame.store_writes is not None:
-                    step.store_writes = decode_guest_json(frame.store_writes)
-                step.status = "completed"
+            if self._take_report(worker, run, frame, step, hold=ahead):
                 return
-            if frame.status == "failed":
-                step.status, step.failure = "failed", frame.failure
-                return
-            if frame.status != "pending":
-                raise ProtocolError(f"worker {worker.pid} reported an unknown status")
-            if len(frame.calls) > journal.limits.max_pending_calls:
-                # An engine never has more calls in flight: this worker is not one of ours.
-                raise ProtocolError(f"worker {worker.pid} reported more calls than maxPendingToolCalls")
-            calls = []
-            for call_id, tool, data in frame.calls:
-                journal.calls.append(JournalCall(call_id, tool, input_hash(data)))
-                if tool == YIELD_TOOL:
-                    run.yields.append(call_id)
-                else:
-                    calls.append((call_id, tool, data))
-                    if journal.restart_safe:
-                        journal.open_inputs[call_id] = data
-            if ahead:
-                run.held.extend(calls)
-            elif calls:
-                step.tool_calls += len(calls)
-                dispatcher.submit(calls)
             frame = None
             # Parked: the guest awaits tools and the worker answers nothing until it is settled.
             while True:
@@ -613,20 +700,23 @@ class Supervisor:
                     # calls (`advance`) start with the next `wait`.
                     step.status, step.reason = "suspended", "pending_tools"
                     return
-                results = dispatcher.take_ready()
-                if results:
+                if ahead:
+                    # An advance never parks: a result that lands later advances it again.
+                    results = dispatcher.take_ready()
+                    if not results:
+                        step.status, step.reason = "suspended", "pending_tools"
+                        return
                     deadline = self._hand_results(worker, run, results, deadline, step)
                     break
-                if ahead:
-                    step.status, step.reason = "suspended", "pending_tools"
-                    return
-                # The first async result is settled by the thread that finished it: the worker
-                # gets it without a wake-up (and a GIL hand-off) of this thread in between.
-                dispatcher.arm(
-                    functools.partial(self._hand_results, worker, run, deadline=deadline, step=step, driving=False)
-                )
+                if self._settle_or_arm(worker, run, deadline, step, driving=True):
+                    deadline = step.deadline
+                    break
+                loop = dispatcher.loop()
                 try:
-                    spoke = worker.recv(deadline, dispatcher.wake_fd)
+                    if loop is None:
+                        spoke = worker.recv(deadline, dispatcher.wake_fd)
+                    else:
+                        spoke = _Relay(self, worker, run, step, loop, deadline).wait()
                     timed_out = False
                 except Deadline:
                     spoke, timed_out = None, True
@@ -645,6 +735,81 @@ class Supervisor:
                     return
                 if spoke is not None:
                     raise ProtocolError(f"worker {worker.pid} spoke while parked")
+
+    def _take_report(
+        self,
+        worker: WorkerProcess,
+        run: Run,
+        frame: protocol.WorkerFrame | None,
+        step: Step,
+        relay: asyncio.AbstractEventLoop | None = None,
+        *,
+        hold: bool = False,
+    ) -> bool | None:
+        """Journals one report and starts the tool calls it makes; True if the run has ended.
+        ``relay``: called by the relay on that loop's thread, which takes only a pending report
+        whose calls all start on that loop (no yields, no sync tools): for any other frame it
+        returns None, having changed nothing."""
+        journal = run.journal
+        if isinstance(frame, Fault):
+            raise WorkerUnavailable(f"code mode runtime is unavailable: {frame.message}")
+        if not isinstance(frame, Report) or frame.run != run.engine_run:
+            raise ProtocolError(f"worker {worker.pid} answered out of order")
+        if frame.status == "pending":
+            if len(frame.calls) > journal.limits.max_pending_calls:
+                # An engine never has more calls in flight: this worker is not one of ours.
+                raise ProtocolError(f"worker {worker.pid} reported more calls than maxPendingToolCalls")
+            calls = [call for call in frame.calls if call[1] != YIELD_TOOL]
+            if relay is not None and (
+                len(calls) < len(frame.calls) or journal.restart_safe or not run.dispatcher.submit(calls, only_on=relay)
+            ):
+                return None
+        elif relay is not None:
+            return None
+        elif frame.status not in ("completed", "failed"):
+            raise ProtocolError(f"worker {worker.pid} reported an unknown status")
+        step.reports += 1
+        step.searches += frame.searches
+        step.describes += frame.describes
+        # Guest JSON is decoded here, where a bad frame discards its worker.
+        step.outputs.extend((kind, decode_guest_json(text) if kind == 1 else text) for kind, text in frame.outputs)
+        step.memory_bytes = frame.memory_bytes
+        journal.clock_reads.extend(frame.clock_reads)
+        if frame.status == "completed":
+            step.value = decode_guest_json(frame.value) if frame.value is not None else None
+            if frame.store_writes is not None:
+                step.store_writes = decode_guest_json(frame.store_writes)
+            step.status = "completed"
+            return True
+        if frame.status == "failed":
+            step.status, step.failure = "failed", frame.failure
+            return True
+        for call_id, tool, data in frame.calls:
+            journal.calls.append(JournalCall(call_id, tool, input_hash(data)))
+            if tool == YIELD_TOOL:
+                run.yields.append(call_id)
+            elif journal.restart_safe:
+                journal.open_inputs[call_id] = data
+        if hold:
+            run.held.extend(calls)  # an advance (see `advance`): they start with the `wait`
+        elif calls:
+            step.tool_calls += len(calls)
+            if relay is None:
+                run.dispatcher.submit(calls)
+        return False
+
+    def _settle_or_arm(self, worker: WorkerProcess, run: Run, deadline: float, step: Step, *, driving: bool) -> bool:
+        """Settles the results that are ready; if none are, arms the dispatcher so that the first
+        to finish is settled by the thread that finished it: the worker gets it without a
+        wake-up (and a GIL hand-off) of the driver in between. True if it settled."""
+        results = run.dispatcher.take_ready()
+        if results:
+            self._hand_results(worker, run, results, deadline, step, driving=driving)
+            return True
+        run.dispatcher.arm(
+            functools.partial(self._hand_results, worker, run, deadline=deadline, step=step, driving=False)
+        )
+        return False
 
     def _hand_results(
         self,

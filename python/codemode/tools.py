@@ -12,7 +12,7 @@ its message.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import functools
 import hashlib
 import inspect
 import os
@@ -21,7 +21,7 @@ import select
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -43,6 +43,7 @@ MCP_TOOL = "\x00mcp"
 #: ``MCP.<server>.resources/prompts`` requests.
 MCP_OPS = frozenset({"resources.list", "resources.read", "prompts.list", "prompts.get"})
 McpOps = Callable[[str, str, Any], Awaitable[Any]]
+LoopRef = Callable[[], asyncio.AbstractEventLoop]
 _encode = msgspec.json.encode
 _decode = msgspec.json.decode
 
@@ -314,6 +315,17 @@ def apply_hook(decision: HookResult, args: Any) -> Any:
 DIRECT_SETTLE_BYTES = 32 << 10
 
 
+class _Plan(NamedTuple):
+    """How `Dispatcher.submit` starts one call."""
+
+    #: The loop it runs on; None: it runs inline, or is answered at once.
+    loop: LoopRef | None
+    #: The tool id an ``MCP.*`` or namespace call resolved to.
+    resolved: str | None
+    #: Starts it; given the loop whose thread calls it, if any.
+    start: Callable[[asyncio.AbstractEventLoop | None], None]
+
+
 def _error_message(tool_id: str, exc: BaseException) -> str:
     if isinstance(exc, Refused):
         return f"tool {tool_id}: {exc}"
@@ -359,8 +371,8 @@ class Dispatcher:
         self.resolved: dict[int, str] = {}
         self._ready: list[tuple[int, bool, str]] = []
         self._lock = threading.Lock()
-        #: In-flight async calls (None until `run_coroutine_threadsafe` has returned the future).
-        self._futures: dict[int, concurrent.futures.Future[Any] | None] = {}
+        #: In-flight async calls: their loop, and what cancels them (None until they are started).
+        self._futures: dict[int, tuple[asyncio.AbstractEventLoop, Callable[[], object] | None]] = {}
         self._pipe: tuple[int, int] | None = None
         #: Set while the run driver is parked (`arm`): the first finished call hands the ready
         #: results to it on the thread that finished them, without waking the driver.
@@ -392,61 +404,68 @@ class Dispatcher:
             return tool_id, mapper(list(args))
         return tool_id, args[0] if args else {}
 
-    def _mcp_request(self, call_id: int, input_json: str) -> tuple[str, str] | None:
-        """An ``MCP.*`` call: a tool call returns ``(tool id, input JSON)``; a resource or prompt
-        request is started here and returns None."""
-        try:
-            request = _decode(input_json)
-            if "id" in request:
-                return str(request["id"]), _encode(request.get("input", {})).decode()
-            server, op, payload = str(request["server"]), str(request["op"]), request.get("input", {})
-        except (msgspec.DecodeError, KeyError, TypeError, AttributeError):
-            self._ready.append((call_id, False, "malformed MCP call"))
-            return None
-        servers = {t.owner for t in self.view.tools.values() if t.source == "mcp"}
-        if self._mcp_ops is None or server not in servers or op not in MCP_OPS:
-            self._ready.append((call_id, False, f"unknown MCP request {server}.{op}"))
-            return None
-        ops = self._mcp_ops
-        self._start_coroutine(call_id, f"mcp:{server}:{op}", lambda: ops(server, op, payload))
-        return None
+    def submit(self, calls: list[tuple[int, str, str]], *, only_on: asyncio.AbstractEventLoop | None = None) -> bool:
+        """Starts the calls: sync tools run inline, here; async ones on their loop. With
+        ``only_on`` (the relay, on that loop's thread): starts nothing and returns False unless
+        every call is an async call on that loop, so that no host code runs inline there."""
+        if only_on is not None and any(tool_id == NAMESPACE_TOOL for _, tool_id, _ in calls):
+            return False  # resolving a namespace call runs the host's input mapper
+        planned = [self._plan(*call) for call in calls]
+        if only_on is not None and any(p.loop is None or p.loop() is not only_on for p in planned):
+            return False
+        for (call_id, _, _), plan in zip(calls, planned, strict=True):
+            if plan.resolved is not None:
+                self.resolved[call_id] = plan.resolved
+            plan.start(only_on)
+        return True
 
-    def submit(self, calls: list[tuple[int, str, str]]) -> None:
-        gate_async = self._gate.is_async
-        for call_id, tool_id, input_json in calls:
-            via_mcp = tool_id == MCP_TOOL
-            if via_mcp:
-                target = self._mcp_request(call_id, input_json)
-                if target is None:
-                    continue
-                tool_id, input_json = target
-                self.resolved[call_id] = tool_id
-            if tool_id == NAMESPACE_TOOL:
-                try:
-                    tool_id, mapped = self._namespace_target(input_json)
-                except Exception as e:
-                    self._ready.append((call_id, False, _error_message("namespace", e)))
-                    continue
-                self.resolved[call_id] = tool_id
-                input_json = _encode(mapped).decode()
-            tool = self.view.tools.get(tool_id)
-            if tool is None or (tool.source == "mcp") != via_mcp:
-                # Hidden, denied and absent tools answer alike: a guessed id learns nothing.
-                self._ready.append((call_id, False, f"unknown tool: {tool_id}"))
-                continue
-            if self._read_only and not tool.read_only:
-                message = f"tool {tool_id} is not read-only: a restartSafe run may only call read-only tools"
-                self._ready.append((call_id, False, message))
-                continue
+    def _plan(self, call_id: int, tool_id: str, input_json: str) -> _Plan:
+        """How one call starts (nothing is started or recorded here)."""
+        via_mcp = tool_id == MCP_TOOL
+        resolved = None
+        if via_mcp:
             try:
-                args = _decode(input_json)
-            except msgspec.DecodeError:
-                self._ready.append((call_id, False, f"tool {tool_id}: input is not valid JSON"))
-                continue
-            if tool.is_async or gate_async:
-                self._start_async(call_id, tool, args)
-            else:
-                self._ready.append(self._run_sync(call_id, tool, args))
+                request = _decode(input_json)
+                if "id" in request:
+                    tool_id, input_json = str(request["id"]), _encode(request.get("input", {})).decode()
+                else:
+                    server, op, payload = str(request["server"]), str(request["op"]), request.get("input", {})
+            except (msgspec.DecodeError, KeyError, TypeError, AttributeError):
+                return self._answer(call_id, None, "malformed MCP call")
+            if "id" not in request:
+                servers = {t.owner for t in self.view.tools.values() if t.source == "mcp"}
+                ops = self._mcp_ops
+                if ops is None or server not in servers or op not in MCP_OPS:
+                    return self._answer(call_id, None, f"unknown MCP request {server}.{op}")
+                label = f"mcp:{server}:{op}"
+                make = functools.partial(ops, server, op, payload)
+                return _Plan(self._loop, None, lambda here: self._start_coroutine(call_id, label, make, here))
+            resolved = tool_id
+        if tool_id == NAMESPACE_TOOL:
+            try:
+                tool_id, mapped = self._namespace_target(input_json)
+            except Exception as e:
+                return self._answer(call_id, None, _error_message("namespace", e))
+            resolved = tool_id
+            input_json = _encode(mapped).decode()
+        tool = self.view.tools.get(tool_id)
+        if tool is None or (tool.source == "mcp") != via_mcp:
+            # Hidden, denied and absent tools answer alike: a guessed id learns nothing.
+            return self._answer(call_id, resolved, f"unknown tool: {tool_id}")
+        if self._read_only and not tool.read_only:
+            message = f"tool {tool_id} is not read-only: a restartSafe run may only call read-only tools"
+            return self._answer(call_id, resolved, message)
+        try:
+            args = _decode(input_json)
+        except msgspec.DecodeError:
+            return self._answer(call_id, resolved, f"tool {tool_id}: input is not valid JSON")
+        if tool.is_async or self._gate.is_async:
+            return _Plan(tool.loop or self._loop, resolved, lambda here: self._start_async(call_id, tool, args, here))
+        return _Plan(None, resolved, lambda _: self._ready.append(self._run_sync(call_id, tool, args)))
+
+    def _answer(self, call_id: int, resolved: str | None, message: str) -> _Plan:
+        """A call answered at once with an error ``message``."""
+        return _Plan(None, resolved, lambda _: self._ready.append((call_id, False, message)))
 
     def _event(self, tool: Tool, args: Any) -> ToolCallEvent:
         return ToolCallEvent(
@@ -521,7 +540,7 @@ class Dispatcher:
                 )
             )
 
-    def _start_async(self, call_id: int, tool: Tool, args: Any) -> None:
+    def _start_async(self, call_id: int, tool: Tool, args: Any, here: asyncio.AbstractEventLoop | None) -> None:
         async def call() -> tuple[int, bool, str]:
             gated = await self._gate_async(tool, args)
             positional, keywords = _args(gated)
@@ -530,9 +549,11 @@ class Dispatcher:
                 value = await value
             return self._finish(call_id, tool, value)
 
-        self._start(call_id, tool.id, call, tool.loop)
+        self._start(call_id, tool.id, call, tool.loop, here)
 
-    def _start_coroutine(self, call_id: int, label: str, make: Callable[[], Awaitable[Any]]) -> None:
+    def _start_coroutine(
+        self, call_id: int, label: str, make: Callable[[], Awaitable[Any]], here: asyncio.AbstractEventLoop | None
+    ) -> None:
         async def call() -> tuple[int, bool, str]:
             try:
                 payload = _encode(await make())
@@ -540,15 +561,17 @@ class Dispatcher:
                 return (call_id, False, f"{label} returned a value that is not JSON: {e}")
             return (call_id, True, payload.decode())
 
-        self._start(call_id, label, call)
+        self._start(call_id, label, call, None, here)
 
     def _start(
         self,
         call_id: int,
         label: str,
         call: Callable[[], Awaitable[tuple[int, bool, str]]],
-        loop: Callable[[], asyncio.AbstractEventLoop] | None = None,
+        loop: LoopRef | None,
+        here: asyncio.AbstractEventLoop | None,
     ) -> None:
+        """Starts ``call`` on its loop; ``here`` is the loop whose thread this is, if any."""
         started = time.perf_counter()
 
         async def guarded() -> None:
@@ -560,12 +583,22 @@ class Dispatcher:
             self._deliver(call_id, label, started, result)
 
         _ = self.wake_fd  # created here, on the driving thread, before any call can need it
+        target = (loop or self._loop)()
+        cancel: Callable[[], object]
+        if target is here:
+            # On the loop's own thread (the relay): no trip through its self-pipe, one loop
+            # iteration less before the call runs.
+            task = target.create_task(guarded())
+            cancel = functools.partial(target.call_soon_threadsafe, task.cancel)
+            with self._lock:
+                self._futures[call_id] = (target, cancel)
+            return
         with self._lock:
-            self._futures[call_id] = None  # it may finish before run_coroutine_threadsafe returns
-        future = asyncio.run_coroutine_threadsafe(guarded(), (loop or self._loop)())
+            self._futures[call_id] = (target, None)  # it may finish before run_coroutine_threadsafe returns
+        future = asyncio.run_coroutine_threadsafe(guarded(), target)
         with self._lock:
             if call_id in self._futures:
-                self._futures[call_id] = future
+                self._futures[call_id] = (target, future.cancel)
                 return
         future.cancel()  # cancelled meanwhile (a no-op if it was delivered already)
 
@@ -583,12 +616,7 @@ class Dispatcher:
                 ready, self._ready = self._ready, []
             else:
                 handler = None
-                # Under the lock: `close` cannot close the pipe (and free its fd number) meanwhile.
-                if self._pipe is not None:
-                    try:
-                        os.write(self._pipe[1], b"\0")
-                    except BlockingIOError:
-                        pass  # full of wake-ups already
+                self._wake_locked()
         if handler is not None:
             handler(ready)
         if told is not None:
@@ -609,11 +637,29 @@ class Dispatcher:
         with self._lock:
             self._ready[:0] = results
 
+    def wake(self) -> None:
+        """Makes ``wake_fd`` readable (the relay hands the worker back to the driver)."""
+        with self._lock:
+            self._wake_locked()
+
+    def _wake_locked(self) -> None:
+        # Under the lock: `close` cannot close the pipe (and free its fd number) meanwhile.
+        if self._pipe is not None:
+            try:
+                os.write(self._pipe[1], b"\0")
+            except BlockingIOError:
+                pass  # full of wake-ups already
+
     def arm(self, handler: Callable[[list[tuple[int, bool, str]]], object]) -> None:
         """The run driver parks: the next call to finish passes the ready results to ``handler``
         on its own thread (small results only; others still go through ``wake_fd``)."""
         with self._lock:
             self._on_ready = handler
+
+    @property
+    def armed(self) -> bool:
+        with self._lock:
+            return self._on_ready is not None
 
     def disarm(self) -> bool:
         """Ends ``arm``. False if the handler has taken results (it may still be running)."""
@@ -624,13 +670,18 @@ class Dispatcher:
     def take_ready(self) -> list[tuple[int, bool, str]]:
         with self._lock:
             ready, self._ready = self._ready, []
-        if ready and self._pipe is not None:
+        if ready:
+            self.clear_wakes()
+        return ready
+
+    def clear_wakes(self) -> None:
+        """Empties ``wake_fd``. The caller looks at ``take_ready`` before it sleeps again."""
+        if self._pipe is not None:
             try:
                 while os.read(self._pipe[0], 4096):
                     pass
             except BlockingIOError:
                 pass
-        return ready
 
     def wait_ready(self, deadline: float) -> list[tuple[int, bool, str]]:
         """The results ready now or, if none, the first to finish before ``deadline``
@@ -650,13 +701,23 @@ class Dispatcher:
         with self._lock:
             return len(self._futures)
 
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The one event loop every in-flight call runs on; None if none is in flight, or if
+        they run on several."""
+        with self._lock:
+            loops = {loop for loop, _ in self._futures.values()}
+        return loops.pop() if len(loops) == 1 else None
+
     def cancel(self) -> None:
         with self._lock:
             futures, self._futures = list(self._futures.values()), {}
             self._on_result = None
-        for future in futures:
-            if future is not None:
-                future.cancel()
+        for _, cancel in futures:
+            if cancel is not None:
+                try:
+                    cancel()
+                except RuntimeError:
+                    pass  # its loop is closed: the call is gone with it
 
     def close(self) -> None:
         self.cancel()

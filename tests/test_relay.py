@@ -1,0 +1,172 @@
+"""The relay: while a run is parked on calls that all run on one event loop (`MCP.*` calls on the
+MCP client's loop), that loop's thread takes the worker's reports instead of the driver. These
+pin that it is used, and that every way a step can end still ends as it does without it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any
+
+import pytest
+from codemode import CodeMode
+from codemode.supervisor import Supervisor
+from mcp_servers import everything_server
+
+LONG_OP = "mcp:everything:trigger-long-running-operation"
+
+
+class Takes:
+    """Counts the reports the driver and the relay take; ``started(tool)`` is set once the relay
+    has started a call of that tool."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.driver = 0
+        self.relay = 0
+        self._started: dict[str, threading.Event] = {}
+        take = Supervisor._take_report
+
+        def counted(sup: Supervisor, worker: Any, run: Any, frame: Any, step: Any, relay: Any = None, **kw: Any) -> Any:
+            taken = take(sup, worker, run, frame, step, relay, **kw)
+            if relay is None:
+                self.driver += 1
+            elif taken is not None:
+                self.relay += 1
+                for call_id, _, _ in frame.calls:
+                    self.started(run.dispatcher.resolved.get(call_id, "")).set()
+            return taken
+
+        monkeypatch.setattr(Supervisor, "_take_report", counted)
+
+    def started(self, tool_id: str) -> threading.Event:
+        return self._started.setdefault(tool_id, threading.Event())
+
+
+@pytest.fixture(scope="module")
+def rcm():
+    with CodeMode({"workers": 1, "timeoutMs": 20_000, "mcpServers": {"everything": everything_server()}}) as cm:
+        assert cm.load_mcp_tools() == {"everything": None}
+
+        @cm.tool
+        def double(n: int) -> int:
+            return 2 * n
+
+        yield cm
+
+
+def mcp_codemode(make_codemode: Any, timeout_ms: int) -> CodeMode:
+    cm = make_codemode({"workers": 1, "timeoutMs": timeout_ms, "mcpServers": {"everything": everything_server()}})
+    assert cm.load_mcp_tools() == {"everything": None}
+    return cm
+
+
+def sum_text(result: dict[str, Any]) -> int:
+    """The number in server-everything's get-sum answer (``"The sum of 1 and 2 is 3."``)."""
+    return int(result["content"][0]["text"].rstrip(".").split()[-1])
+
+
+def test_sequential_mcp_calls_are_taken_by_the_relay_and_give_every_value(rcm, monkeypatch):
+    takes = Takes(monkeypatch)
+    code = """
+        const sums = [];
+        for (let i = 0; i < 30; i++) {
+            const r = await MCP.everything.getSum({a: i, b: 1});
+            sums.push(Number(r.content[0].text.replace(/\\.$/, '').split(' ').pop()));
+            if (i % 10 === 0) text(`at ${i}`);
+        }
+        return sums;
+    """
+    result = rcm.session("relay").exec({"code": code})
+    assert result["status"] == "completed", result
+    assert result["value"] == [i + 1 for i in range(30)]
+    assert result["telemetry"]["toolCalls"] == 30
+    assert result["output"] == [{"type": "text", "text": f"at {i}"} for i in (0, 10, 20)]
+    # The first report starts the first call, the last one ends the run: the driver takes those.
+    assert (takes.driver, takes.relay) == (2, 29)
+
+
+def test_mcp_and_sync_tools_mixed_in_one_cell(rcm, monkeypatch):
+    takes = Takes(monkeypatch)
+    code = """
+        const n = (r) => Number(r.content[0].text.replace(/\\.$/, '').split(' ').pop());
+        let total = 0;
+        for (let i = 0; i < 5; i++) {
+            total += n(await MCP.everything.getSum({a: i, b: 1}));
+            total += n(await MCP.everything.getSum({a: i, b: 2}));
+            total += await tools.double({n: i});
+        }
+        const [a, b, c] = await Promise.all([
+            MCP.everything.getSum({a: 100, b: 1}), tools.double({n: 50}), MCP.everything.getSum({a: 200, b: 1}),
+        ]);
+        return [total, n(a), b, n(c)];
+    """
+    result = rcm.session("relay").exec({"code": code})
+    assert result["status"] == "completed", result
+    assert result["value"] == [sum(2 * i + 3 + 2 * i for i in range(5)), 101, 100, 201]
+    assert result["telemetry"]["toolCalls"] == 18
+    assert takes.relay >= 5  # each second getSum follows a getSum: the relay takes it
+
+
+def test_mcp_call_pending_at_the_deadline_suspends_and_wait_completes(make_codemode, monkeypatch):
+    takes = Takes(monkeypatch)
+    cm = mcp_codemode(make_codemode, 300)
+    session = cm.session("relay")
+    code = """
+        let total = 0;
+        for (let i = 0; i < 3; i++) total += (await MCP.everything.getSum({a: i, b: 1})).content.length;
+        const r = await MCP.everything.triggerLongRunningOperation({duration: 1, steps: 1});
+        return [total, r.content[0].text];
+    """
+    result = session.exec({"code": code})
+    assert result["status"] == "waiting", result
+    assert result["reason"] == "pending_tools"
+    assert [c["toolId"] for c in result["pendingToolCalls"]] == [LONG_OP]
+    assert takes.started(LONG_OP).is_set()  # the relay had started it
+    for _ in range(20):
+        result = session.wait({"runId": result["runId"]})
+        if result["status"] != "waiting":
+            break
+    assert result["status"] == "completed", result
+    assert result["value"] == [3, "Long running operation completed. Duration: 1 seconds, Steps: 1."]
+
+
+def test_worker_sigkilled_while_the_relay_owns_it_fails_with_runtime_unavailable(make_codemode, monkeypatch):
+    takes = Takes(monkeypatch)
+    # The call outlives the deadline: the death must be seen when it happens, not when the call
+    # ends (that would suspend the run instead).
+    cm = mcp_codemode(make_codemode, 3000)
+    session = cm.session("relay")
+    pid = cm._supervisor.worker_pids()[0]
+    killer = threading.Thread(target=lambda: takes.started(LONG_OP).wait(5) and os.kill(pid, signal.SIGKILL))
+    killer.start()
+    code = """
+        for (let i = 0; i < 3; i++) await MCP.everything.getSum({a: i, b: 1});
+        await MCP.everything.triggerLongRunningOperation({duration: 30, steps: 1});
+        return 'survived';
+    """
+    result = session.exec({"code": code})
+    killer.join()
+    assert result["status"] == "failed", result
+    assert result["code"] == "runtime_unavailable"
+    assert "SIGKILL" in result["error"]
+    for i in range(3):
+        result = session.exec({"code": f"return await MCP.everything.getSum({{a: {i}, b: 1}})"})
+        assert sum_text(result["value"]) == i + 1
+
+
+def test_guest_spinning_after_an_mcp_result_is_killed_at_deadline_plus_grace(make_codemode, monkeypatch):
+    takes = Takes(monkeypatch)
+    cm = mcp_codemode(make_codemode, 300)
+    session = cm.session("relay")
+    killed = cm._supervisor.killed
+    code = """
+        for (let i = 0; i < 3; i++) await MCP.everything.getSum({a: i, b: 1});
+        Array.prototype.reverse.call({length: 2 ** 32 - 1});  // never polls the engine's interrupt
+        return 'done';
+    """
+    result = session.exec({"code": code})
+    assert (result["status"], result["code"]) == ("failed", "timeout"), result
+    assert cm._supervisor.killed == killed + 1
+    assert takes.relay >= 1
+    assert sum_text(session.exec({"code": "return await MCP.everything.getSum({a: 1, b: 1})"})["value"]) == 2
