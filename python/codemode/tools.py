@@ -334,6 +334,10 @@ def _error_message(tool_id: str, exc: BaseException) -> str:
     return f"tool {tool_id} failed: {kind}: {text}" if text else f"tool {tool_id} failed: {kind}"
 
 
+#: A call's input not yet decoded from its JSON.
+_UNDECODED: Any = object()
+
+
 def _args(value: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return ((), value) if isinstance(value, dict) else ((value,), {})
 
@@ -362,6 +366,9 @@ class Dispatcher:
         self._mcp_ops = mcp_ops
         self._loop = loop
         self._gate = gate or Gate()
+        #: Read once: `Gate.is_async` inspects two callables, and every call asks.
+        self._gate_is_async = self._gate.is_async
+        self._gated = self._gate.hook is not None or self._gate.approve is not None
         self.session_id = session_id
         #: Restart-safe runs may only call read-only tools (they may be redone after a restart).
         self._read_only = read_only
@@ -423,11 +430,12 @@ class Dispatcher:
         """How one call starts (nothing is started or recorded here)."""
         via_mcp = tool_id == MCP_TOOL
         resolved = None
+        args: Any = _UNDECODED
         if via_mcp:
             try:
                 request = _decode(input_json)
                 if "id" in request:
-                    tool_id, input_json = str(request["id"]), _encode(request.get("input", {})).decode()
+                    tool_id, args = str(request["id"]), request.get("input", {})
                 else:
                     server, op, payload = str(request["server"]), str(request["op"]), request.get("input", {})
             except (msgspec.DecodeError, KeyError, TypeError, AttributeError):
@@ -444,10 +452,10 @@ class Dispatcher:
         if tool_id == NAMESPACE_TOOL:
             try:
                 tool_id, mapped = self._namespace_target(input_json)
+                args = _decode(_encode(mapped))  # the tool sees JSON, as from any other call
             except Exception as e:
                 return self._answer(call_id, None, _error_message("namespace", e))
             resolved = tool_id
-            input_json = _encode(mapped).decode()
         tool = self.view.tools.get(tool_id)
         if tool is None or (tool.source == "mcp") != via_mcp:
             # Hidden, denied and absent tools answer alike: a guessed id learns nothing.
@@ -455,11 +463,12 @@ class Dispatcher:
         if self._read_only and not tool.read_only:
             message = f"tool {tool_id} is not read-only: a restartSafe run may only call read-only tools"
             return self._answer(call_id, resolved, message)
-        try:
-            args = _decode(input_json)
-        except msgspec.DecodeError:
-            return self._answer(call_id, resolved, f"tool {tool_id}: input is not valid JSON")
-        if tool.is_async or self._gate.is_async:
+        if args is _UNDECODED:
+            try:
+                args = _decode(input_json)
+            except msgspec.DecodeError:
+                return self._answer(call_id, resolved, f"tool {tool_id}: input is not valid JSON")
+        if tool.is_async or self._gate_is_async:
             return _Plan(tool.loop or self._loop, resolved, lambda here: self._start_async(call_id, tool, args, here))
         return _Plan(None, resolved, lambda _: self._ready.append(self._run_sync(call_id, tool, args)))
 
@@ -542,7 +551,7 @@ class Dispatcher:
 
     def _start_async(self, call_id: int, tool: Tool, args: Any, here: asyncio.AbstractEventLoop | None) -> None:
         async def call() -> tuple[int, bool, str]:
-            gated = await self._gate_async(tool, args)
+            gated = await self._gate_async(tool, args) if self._gated else args
             positional, keywords = _args(gated)
             value = tool.fn(*positional, **keywords)
             if inspect.isawaitable(value):
