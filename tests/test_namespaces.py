@@ -229,6 +229,20 @@ def test_create_scope_failing_at_run_time_hides_the_namespace(make_codemode):
     assert result["value"] == "undefined"
 
 
+def test_an_input_mapper_that_returns_no_json_fails_only_that_call(make_codemode):
+    cm = make_codemode({"workers": 1})
+    add_github_tools(cm)
+
+    def scope(ctx: ScopeContext) -> dict[str, Any]:
+        return {"update": namespace_tool("github_update_issue", lambda args: {"number": object(), "patch": {}})}
+
+    cm.register_namespace(PLUGIN, issues_registration(create_scope=scope))
+    s = cm.session("s")
+    out = value(s, "try { await Issues.update(1); return null } catch (e) { return String(e.message) }")
+    assert out.startswith("tool namespace failed: TypeError"), out
+    assert value(s, "return 40 + 2") == 42
+
+
 # ---- prompts and visibility ------------------------------------------------------------------------
 
 
