@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -426,3 +427,58 @@ def test_workers_that_cannot_start_fail_each_run_with_runtime_unavailable(monkey
             assert "could not start a worker process" in result["error"]
         monkeypatch.undo()
         assert session.exec({"code": "return 3"})["value"] == 3
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"outputs": [(1, "{'a': 1}")]}, "worker sent a value"),
+        ("flood", "maxPendingToolCalls"),
+    ],
+    ids=["output_not_json", "call_flood"],
+)
+def test_a_hostile_report_taken_by_the_relay_starts_no_call(monkeypatch, change, message) -> None:
+    """The relay (the tools' loop thread reading the worker while the run is parked on async
+    calls) checks a report as the driver does, and before it starts any of its calls."""
+    import asyncio
+
+    import msgspec
+    from codemode import supervisor
+    from codemode.protocol import Report
+
+    real_take = supervisor.WorkerProcess.take_frame
+    pending = [0]
+    by_relay: list[bool] = []
+
+    def take_frame(self):
+        frame = real_take(self)
+        if isinstance(frame, Report) and frame.status == "pending" and frame.calls:
+            pending[0] += 1
+            if pending[0] == 3:  # the first is the driver's; the later ones are the relay's
+                by_relay.append(threading.current_thread() is not threading.main_thread())
+                if change == "flood":
+                    call_id, tool, data = frame.calls[0]
+                    return msgspec.structs.replace(frame, calls=[(call_id + i, tool, data) for i in range(5)])
+                return msgspec.structs.replace(frame, **change)
+        return frame
+
+    monkeypatch.setattr(supervisor.WorkerProcess, "take_frame", take_frame)
+    ran: list[int] = []
+    with CodeMode({"workers": 1, "maxPendingToolCalls": 4}) as cm:
+
+        @cm.tool
+        async def later(x: int) -> int:
+            ran.append(x)
+            await asyncio.sleep(0.001)
+            return x
+
+        session = cm.session("s")
+        result = session.exec({"code": "let t = 0; for (let i = 0; i < 5; i++) t += await tools.later({x: i}); return t"})
+        assert (result["status"], result["code"]) == ("failed", "internal_error"), result
+        assert message in result["error"]
+        assert by_relay == [True]
+        time.sleep(0.05)
+        assert ran == [0, 1]
+        assert cm._supervisor.killed == 1
+        pending[0] = -100
+        assert session.exec({"code": "return await tools.later({x: 7})"})["value"] == 7

@@ -760,19 +760,20 @@ class Supervisor:
                 # An engine never has more calls in flight: this worker is not one of ours.
                 raise ProtocolError(f"worker {worker.pid} reported more calls than maxPendingToolCalls")
             calls = [call for call in frame.calls if call[1] != YIELD_TOOL]
-            if relay is not None and (
-                len(calls) < len(frame.calls) or journal.restart_safe or not run.dispatcher.submit(calls, only_on=relay)
-            ):
+            if relay is not None and (len(calls) < len(frame.calls) or journal.restart_safe):
                 return None
         elif relay is not None:
             return None
         elif frame.status not in ("completed", "failed"):
             raise ProtocolError(f"worker {worker.pid} reported an unknown status")
+        # Guest JSON is decoded here, where a bad frame discards its worker, before any call starts.
+        outputs = [(kind, decode_guest_json(text) if kind == 1 else text) for kind, text in frame.outputs]
+        if relay is not None and not run.dispatcher.submit(calls, only_on=relay):
+            return None
         step.reports += 1
         step.searches += frame.searches
         step.describes += frame.describes
-        # Guest JSON is decoded here, where a bad frame discards its worker.
-        step.outputs.extend((kind, decode_guest_json(text) if kind == 1 else text) for kind, text in frame.outputs)
+        step.outputs.extend(outputs)
         step.memory_bytes = frame.memory_bytes
         journal.clock_reads.extend(frame.clock_reads)
         if frame.status == "completed":
