@@ -473,7 +473,8 @@ def test_a_hostile_report_taken_by_the_relay_starts_no_call(monkeypatch, change,
             return x
 
         session = cm.session("s")
-        result = session.exec({"code": "let t = 0; for (let i = 0; i < 5; i++) t += await tools.later({x: i}); return t"})
+        code = "let t = 0; for (let i = 0; i < 5; i++) t += await tools.later({x: i}); return t"
+        result = session.exec({"code": code})
         assert (result["status"], result["code"]) == ("failed", "internal_error"), result
         assert message in result["error"]
         assert by_relay == [True]
