@@ -586,27 +586,25 @@ def test_a_guest_that_spins_after_its_result_times_out_in_the_advance(wcm, gate)
     assert exec_(s, "return 40 + 2")["value"] == 42
 
 
-def test_an_advance_that_grows_the_snapshot_past_the_limit_fails_the_wait(make_codemode, gate):
+@pytest.mark.parametrize("yields", [False, True], ids=["held-call", "yield"])
+def test_max_snapshot_bytes_holds_only_where_the_wait_suspends(make_codemode, gate, yields):
+    """An advance stopping at a held call is not a suspension (the `wait` goes on from it), so
+    a runtime that is big only there completes, as without advancing; at a yield it is one."""
     cm = make_codemode({"workers": 1, "timeoutMs": 300, "maxSnapshotBytes": 1 << 20})
     add_tools(cm, gate)
-    calls: list[int] = []
-
-    @cm.tool
-    def record(x: int) -> int:
-        calls.append(x)
-        return x
-
     s = cm.session()
-    code = "const v = await tools.slow({n: 1}); globalThis.big = 'x'.repeat(3 << 20); return await tools.record({x: v})"
+    pause = "await yield_control()" if yields else "await tools.fast({n: 1})"
+    code = f"const v = await tools.slow({{n: 1}}); let big = 'x'.repeat(3 << 20); {pause}; big = null; return v"
     first = exec_(s, code)
     assert first["status"] == "waiting"
     gate.open()
-    run = _advanced(cm, first["runId"], "suspended")
-    assert run.worker is None  # the oversized runtime is freed at once
+    _advanced(cm, first["runId"], "suspended")
     result = s.wait({"runId": first["runId"]})
-    assert (result["status"], result["code"]) == ("failed", "snapshot_limit_exceeded")
-    assert calls == []
-    assert cm.suspended_runs() == []
+    if yields:
+        assert (result["status"], result["code"]) == ("failed", "snapshot_limit_exceeded")
+        assert cm.suspended_runs() == []
+    else:
+        assert (result["status"], result["value"]) == ("completed", 10), result
 
 
 def test_an_advance_waits_for_a_busy_worker_without_delaying_a_cancel(wcm, gate):
@@ -627,3 +625,52 @@ def test_an_advance_waits_for_a_busy_worker_without_delaying_a_cancel(wcm, gate)
     assert busy["value"] == "spun"
     _advanced(wcm, advanced["runId"], "completed")  # once the worker is free
     assert s.wait({"runId": advanced["runId"]})["value"] == 20
+
+
+def test_a_call_made_with_a_yield_starts_with_the_wait_that_reports_the_yield(wcm, gate, recorded):
+    s = wcm.session()
+    code = (
+        "const v = await tools.slow({n: 1}); const p = tools.record({x: v}); await yield_control('y'); return await p"
+    )
+    first = exec_(s, code)
+    gate.open()
+    _advanced(wcm, first["runId"], "suspended")
+    assert recorded == []
+    yielded = s.wait({"runId": first["runId"]})
+    assert (yielded["status"], yielded["reason"]) == ("waiting", "yield")
+    assert recorded == [10]  # as without the advance: this wait saw the guest make the call
+    assert s.wait({"runId": first["runId"]})["value"] == 10
+
+
+def test_a_replay_that_fails_after_an_advance_fails_the_wait(wcm, gate, recorded, monkeypatch):
+    from codemode import supervisor
+
+    s = wcm.session()
+    first = exec_(s, "const v = await tools.slow({n: 1}); return await tools.record({x: v})")
+    gate.open()
+    _advanced(wcm, first["runId"], "suspended")
+    for pid in wcm._supervisor.worker_pids():
+        os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: all(w.proc.poll() is not None for w in wcm._supervisor._idle), "the worker is gone")
+
+    def cannot_start(*args: Any, **kwargs: Any) -> None:
+        raise OSError("no more processes")
+
+    monkeypatch.setattr(supervisor, "WorkerProcess", cannot_start)
+    result = s.wait({"runId": first["runId"]})
+    assert (result["status"], result["code"]) == ("failed", "runtime_unavailable"), result
+    assert wcm.suspended_runs() == []
+
+
+def test_cancel_does_not_wait_for_a_running_advance(wcm, gate):
+    s = wcm.session()
+    first = exec_(s, "await tools.slow({n: 1}); const t = Date.now(); while (Date.now() - t < 5000) {}")
+    gate.open()
+    (run,) = wcm._runs.all()
+    wait_until(lambda: run.advancing, "the run is advancing")
+    started = time.monotonic()
+    assert s.cancel(first["runId"]) is True
+    assert time.monotonic() - started < 0.1
+    assert s.wait({"runId": first["runId"]})["code"] == "invalid_input"
+    wait_until(lambda: not run.advancing and run.worker is None, "the advance ended and retired the run")
+    assert exec_(s, "return 40 + 2")["value"] == 42

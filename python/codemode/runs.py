@@ -86,6 +86,7 @@ class Run:
     """One suspended (or resuming) run in the host."""
 
     __slots__ = (
+        "aborted",
         "advancing",
         "ahead",
         "busy",
@@ -124,6 +125,8 @@ class Run:
         self.ahead: Step | None = None
         self.held: list[tuple[int, str, str]] = []
         self.advancing = False
+        #: Cancelled while advancing: the advance retires it when it ends.
+        self.aborted = False
         #: Cumulative over the run's exec and waits: tool calls, searches, describes.
         self.counts = [0, 0, 0]
         #: From the cell's ``// @options``: the text budget, and the wall clock of each call.
@@ -207,10 +210,30 @@ class RunTable:
             run.advancing = True
             return True
 
-    def end_advance(self, run: Run) -> None:
+    def end_advance(self, run: Run) -> bool:
+        """Ends an advance; True if the run was cancelled meanwhile (the caller retires it)."""
         with self._lock:
             run.advancing = False
             self._lock.notify_all()
+            return run.aborted
+
+    def abort(self, run_id: Any, session_id: str) -> Run | None:
+        """Takes a run out of the table to be cancelled (``claim``'s checks, without waiting for
+        an advance). None if it is being advanced: that advance retires it when it ends."""
+        with self._lock:
+            run = self._runs.get(run_id) if isinstance(run_id, str) else None
+            if run is None or run.expires_at <= time.monotonic():
+                raise RunLookupError(UNAVAILABLE)
+            if run.session_id != session_id:
+                raise RunLookupError(FOREIGN)
+            if run.busy:
+                raise RunLookupError(BUSY)
+            del self._runs[run.run_id]
+            run.aborted = True
+            if run.advancing:
+                return None
+            run.busy = True
+            return run
 
     def remove(self, run: Run) -> None:
         if not run.run_id:

@@ -13,6 +13,7 @@ import concurrent.futures
 import functools
 import inspect
 import itertools
+import logging
 import os
 import random
 import re
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
 __all__ = ["CodeMode", "Completed", "Failed", "JsonOutput", "Result", "Session", "Telemetry", "TextOutput", "Waiting"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+_log = logging.getLogger(__name__)
 
 MODEL_VISIBLE_TOOLS = ("exec", "wait")
 #: Catalog schemas the `directory` surface exposes directly for a `likely` request.
@@ -746,19 +748,17 @@ class CodeMode:
             return self._invalid(started, str(e))
         run.dispatcher.parent = f"wait_{next(self._call_ids)}"
         ahead, run.ahead = run.ahead, None
-        if ahead is not None and (
-            ahead.status != "suspended"
-            or ahead.reason == "yield"
-            or ahead.memory_bytes > self.config.max_snapshot_bytes
-        ):
-            # Advanced while suspended to where this `wait` would have stopped (or to a
-            # snapshot too big to keep): no new call was started, so its step is the answer.
+        if ahead is not None and (ahead.status != "suspended" or ahead.reason == "yield"):
+            # Advanced while suspended to where this `wait` would have stopped: its step is the
+            # answer, and calls the guest made on the way start now, as this `wait` would have.
+            self._supervisor.start_held(run, ahead)
             return self._finish(run, ahead, started, "wait")
         configure, view = self._configuration()
         if view.fingerprint != run.journal.catalog_fingerprint:
             # A replay must see the catalog the run started with; the journal records which.
             configure = self._configure_for(run)
-        step = self._supervisor.resume(run, configure, run.timeout_ms, ahead)
+        spent_s = time.perf_counter() - started  # waiting for an advance of this run, if any
+        step = self._supervisor.resume(run, configure, run.timeout_ms, ahead, spent_s)
         return self._finish(run, step, started, "wait")
 
     def _snapshot(self, session_id: str, branch: str) -> dict[str, str]:
@@ -802,14 +802,15 @@ class CodeMode:
                 self._retire(run)
                 return Failed(error=TOO_MANY, code="invalid_input", telemetry=telemetry, output=output)
             self._start_sweeper()
-            self._arm_advance(run)
-            return Waiting(
+            waiting = Waiting(
                 run_id=run.run_id,
                 reason=step.reason,
                 telemetry=telemetry,
                 pending_tool_calls=run.pending_calls(),
                 output=output,
             )
+            self._arm_advance(run)  # after reading its journal: an advance may start at once
+            return waiting
         self._retire(run)
         if step.status == "completed":
             if step.store_writes is not None and run.store_key is not None:
@@ -851,12 +852,16 @@ class CodeMode:
                 run.ahead = step
                 if step.status != "suspended":
                     run.dispatcher.close()  # nothing is in flight; spares the `wait` the work
-                elif step.memory_bytes > self.config.max_snapshot_bytes:
-                    self._supervisor.drop(run)  # the `wait` fails it; the memory goes now
         except ClosedError:
             pass
+        except Exception as e:
+            # A bug, not the guest's doing: logged, and the `wait` reports the run failed.
+            _log.exception("code mode: advancing suspended run %s failed", run.run_id)
+            run.ahead = step = Step(failure=("internal_error", type(e).__name__, f"code mode advance failed: {e}", ""))
         finally:
-            self._runs.end_advance(run)
+            if self._runs.end_advance(run):
+                self._retire(run)  # cancelled meanwhile
+                step = None
         if step is not None and step.status == "suspended" and not run.held:
             self._arm_advance(run)  # parked on its other calls: the next result advances it again
 
@@ -885,12 +890,14 @@ class CodeMode:
         self._sweeper.start()
 
     def cancel(self, session_id: str, run_id: str) -> bool:
-        """Aborts a suspended run of this session; True if there was one."""
+        """Aborts a suspended run of this session; True if there was one. It never waits for
+        an advance of the run: that advance retires it when it ends."""
         try:
-            run = self._runs.claim(run_id, session_id)
+            run = self._runs.abort(run_id, session_id)
         except RunLookupError:
             return False
-        self._retire(run)
+        if run is not None:
+            self._retire(run)
         return True
 
     def suspended_runs(self, session_id: str | None = None) -> list[str]:

@@ -334,6 +334,20 @@ class _Relay:
         dispatcher.wake()
 
 
+def _carry(ahead: Step | None) -> Step:
+    """A new step for an ``exec``/``wait`` call that goes on from an advance: what the advance
+    produced (outputs, counts, memory) and nothing of how it ended."""
+    if ahead is None:
+        return Step()
+    return Step(
+        outputs=ahead.outputs,
+        tool_calls=ahead.tool_calls,
+        searches=ahead.searches,
+        describes=ahead.describes,
+        memory_bytes=ahead.memory_bytes,
+    )
+
+
 def _failed(code: str, name: str, message: str) -> tuple[str | None, str, str, str]:
     return (code, name, message, "")
 
@@ -476,16 +490,15 @@ class Supervisor:
                     return step
         return step
 
-    def resume(self, run: Run, configure: Configure, timeout_ms: int, ahead: Step | None = None) -> Step:
+    def resume(
+        self, run: Run, configure: Configure, timeout_ms: int, ahead: Step | None = None, spent_s: float = 0.0
+    ) -> Step:
         """Settles what finished into a suspended run and drives it on (``wait``). ``ahead``: the
-        step `advance` took, whose held calls start now and whose outputs lead this one's."""
-        deadline = time.monotonic() + timeout_ms / 1000.0
-        step = Step() if ahead is None else ahead
-        step.reports, step.extended = 0, False
-        if run.held:
-            calls, run.held = run.held, []
-            step.tool_calls += len(calls)
-            run.dispatcher.submit(calls)
+        step `advance` took, whose held calls start now and whose outputs lead this one's.
+        ``spent_s``: what the ``wait`` has used of its budget already (waiting for an advance)."""
+        deadline = time.monotonic() + max(0.0, timeout_ms / 1000.0 - spent_s)
+        step = _carry(ahead)
+        self.start_held(run, step)
         results = self._collect(run, deadline)
         if not results:
             step.status, step.reason = "suspended", "pending_tools"
@@ -520,14 +533,15 @@ class Supervisor:
         was nothing to do, its worker is gone (``wait`` replays) or busy: an advance never
         queues (it would delay a cancel); ``later`` is called when the worker is free."""
         worker = run.worker
-        if worker is None or not self._claim(worker, later=later):
+        if worker is None:
             return None
         results = run.dispatcher.take_ready()
         if not results:
-            self._release(worker)
             return None
-        step = Step() if run.ahead is None else run.ahead
-        step.reports, step.extended = 0, False
+        if not self._claim(worker, later=later):
+            run.dispatcher.requeue(results)
+            return None
+        step = _carry(run.ahead)
         try:
             try:
                 deadline = self._hand_results(worker, run, results, time.monotonic() + timeout_ms / 1000.0, step)
@@ -541,6 +555,13 @@ class Supervisor:
             run.dispatcher.requeue(results)
             run.worker = None
             return None
+
+    def start_held(self, run: Run, step: Step) -> None:
+        """Starts the calls an advance held: the model has now asked the run to go on."""
+        if run.held:
+            calls, run.held = run.held, []
+            step.tool_calls += len(calls)
+            run.dispatcher.submit(calls)
 
     def drop(self, run: Run) -> None:
         """Frees a suspended run's resident runtime (cancel, expiry, snapshot limit)."""
@@ -672,6 +693,11 @@ class Supervisor:
             discard = True
             step.status = "failed"
             step.failure = _failed("runtime_unavailable", "WorkerUnavailable", str(e))
+        except BaseException:
+            # Not the worker's doing (a bug, the host closing under us): never leave it claimed.
+            run.worker = None
+            self._release(worker, discard=True)
+            raise
         if step.status == "suspended":
             run.worker = None if discard else worker
         else:

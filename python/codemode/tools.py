@@ -642,9 +642,11 @@ class Dispatcher:
         callback()
 
     def requeue(self, results: list[tuple[int, bool, str]]) -> None:
-        """Puts back results taken with ``take_ready`` that could not be delivered."""
+        """Puts back results taken with ``take_ready`` that could not be delivered (and sets
+        ``wake_fd`` again, which taking them cleared)."""
         with self._lock:
             self._ready[:0] = results
+            self._wake_locked()
 
     def wake(self) -> None:
         """Makes ``wake_fd`` readable (the relay hands the worker back to the driver)."""
@@ -685,12 +687,13 @@ class Dispatcher:
 
     def clear_wakes(self) -> None:
         """Empties ``wake_fd``. The caller looks at ``take_ready`` before it sleeps again."""
-        if self._pipe is not None:
-            try:
-                while os.read(self._pipe[0], 4096):
+        with self._lock:  # `close` cannot close the pipe (and free its fd number) meanwhile
+            if self._pipe is not None:
+                try:
+                    while os.read(self._pipe[0], 4096):
+                        pass
+                except BlockingIOError:
                     pass
-            except BlockingIOError:
-                pass
 
     def wait_ready(self, deadline: float) -> list[tuple[int, bool, str]]:
         """The results ready now or, if none, the first to finish before ``deadline``
