@@ -170,3 +170,80 @@ def test_guest_spinning_after_an_mcp_result_is_killed_at_deadline_plus_grace(mak
     assert cm._supervisor.killed == killed + 1
     assert takes.relay >= 1
     assert sum_text(session.exec({"code": "return await MCP.everything.getSum({a: 1, b: 1})"})["value"]) == 2
+
+
+def test_results_past_the_direct_cap_are_written_by_the_driver_only(make_codemode, monkeypatch):
+    """A large result that lands while the relay owns the worker is left to the run's driver: a
+    tools' thread (the relay's included) never writes more than DIRECT_SETTLE_BYTES to a worker."""
+    import asyncio
+
+    from codemode.tools import DIRECT_SETTLE_BYTES
+
+    cm = make_codemode({"workers": 1, "timeoutMs": 10_000})
+
+    @cm.tool
+    async def small() -> int:
+        await asyncio.sleep(0.002)
+        return 1
+
+    @cm.tool
+    async def big(i: int) -> str:
+        await asyncio.sleep(0.002 + (i % 7) / 5000)
+        return "x" * (256 << 10)
+
+    settles: list[tuple[bool, int]] = []
+    real = Supervisor._hand_results
+
+    def spy(sup: Supervisor, worker: Any, run: Any, results: Any, deadline: float, step: Any, **kw: Any) -> Any:
+        settles.append((kw.get("driving", True), sum(len(r[2]) for r in results)))
+        return real(sup, worker, run, results, deadline, step, **kw)
+
+    monkeypatch.setattr(Supervisor, "_hand_results", spy)
+    code = """
+        let n = 0;
+        for (let i = 0; i < 100; i++) { const a = tools.small(), b = tools.big({i}); await a; n += (await b).length; }
+        return n;
+    """
+    result = cm.session().exec({"code": code})
+    assert result["value"] == 100 * (256 << 10), result
+    assert any(not driving for driving, _ in settles)  # the small ones went directly
+    assert [size for driving, size in settles if not driving and size > DIRECT_SETTLE_BYTES] == []
+
+
+def test_a_relay_stuck_writing_to_a_worker_that_stopped_reading_is_ended_by_a_kill(make_codemode, monkeypatch):
+    """Stands in for a hostile worker that stops reading its pipe while the relay writes to it:
+    the relay's thread holds the relay and blocks until the worker dies. The driver does not
+    wait for it past the grace: it kills the worker, and the run fails; the host goes on."""
+    import asyncio
+    import time
+
+    from codemode import supervisor
+
+    cm = make_codemode({"workers": 1, "timeoutMs": 300})
+
+    @cm.tool
+    async def later(x: int) -> int:
+        await asyncio.sleep(0.001)
+        return x
+
+    real = supervisor._Relay._readable
+    stuck = threading.Event()
+
+    def readable(relay: Any) -> None:
+        if not stuck.is_set():
+            stuck.set()
+            with relay._lock:
+                while relay._worker.proc.poll() is None:  # a write that ends when the worker does
+                    time.sleep(0.005)
+            return
+        real(relay)
+
+    monkeypatch.setattr(supervisor._Relay, "_readable", readable)
+    s = cm.session()
+    started = time.monotonic()
+    result = s.exec({"code": "let t = 0; for (let i = 0; i < 5; i++) t += await tools.later({x: i}); return t"})
+    assert stuck.is_set()
+    assert (result["status"], result["code"]) == ("failed", "runtime_unavailable"), result
+    assert time.monotonic() - started < 0.3 + 3 * supervisor.KILL_GRACE_S + 0.5
+    monkeypatch.setattr(supervisor._Relay, "_readable", real)
+    assert s.exec({"code": "return await tools.later({x: 42})"})["value"] == 42

@@ -46,6 +46,7 @@ from ._engine import YIELD_TOOL
 from .errors import ClosedError, ProtocolError, WorkerCrashed, WorkerUnavailable
 from .protocol import Configure, Drop, Fault, Ready, Replay, Report, Settle, Start, decode_guest_json
 from .runs import JournalCall, Run, input_hash
+from .tools import DIRECT_SETTLE_BYTES
 
 __all__ = ["KILL_GRACE_S", "Step", "Supervisor"]
 
@@ -279,8 +280,18 @@ class _Relay:
             timeout = max(self._deadline, self._step.deadline) - time.monotonic()
             if timeout <= 0 or poller.poll(timeout * 1000.0):
                 break
-        with self._lock:
+        if not self._lock.acquire(timeout=KILL_GRACE_S):
+            # The loop's thread is stuck in the relay: writing to a worker that stopped reading
+            # its pipe. Killing it ends that write, and the driver finds the pipe's end.
+            try:
+                os.killpg(self._worker.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._lock.acquire()
+        try:
             self._active = False
+        finally:
+            self._lock.release()
         dispatcher.clear_wakes()
         if not self._handed_back:
             try:
@@ -830,9 +841,11 @@ class Supervisor:
         to finish is settled by the thread that finished it: the worker gets it without a
         wake-up (and a GIL hand-off) of the driver in between. True if it settled."""
         results = run.dispatcher.take_ready()
-        if results:
+        if results and (driving or sum(len(r[2]) for r in results) <= DIRECT_SETTLE_BYTES):
             self._hand_results(worker, run, results, deadline, step, driving=driving)
             return True
+        if results:
+            run.dispatcher.requeue(results)  # too big to write from a tools' thread: the driver's
         run.dispatcher.arm(
             functools.partial(self._hand_results, worker, run, deadline=deadline, step=step, driving=False)
         )
