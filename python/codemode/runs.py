@@ -189,18 +189,21 @@ class RunTable:
         """Marks a run as resuming; raises ``RunLookupError`` with the spec's message. A run
         being advanced is waited for: that is work the caller would do itself."""
         with self._lock:
-            run = self._runs.get(run_id) if isinstance(run_id, str) else None
-            while run is not None and run.advancing:
+            while (run := self._resumable(run_id, session_id)).advancing:
                 self._lock.wait()
-                run = self._runs.get(run_id)
-            if run is None or run.expires_at <= time.monotonic():
-                raise RunLookupError(UNAVAILABLE)
-            if run.session_id != session_id:
-                raise RunLookupError(FOREIGN)
-            if run.busy:
-                raise RunLookupError(BUSY)
             run.busy = True
             return run
+
+    def _resumable(self, run_id: Any, session_id: str) -> Run:
+        """The run, if this session may take it now; else ``RunLookupError`` (under the lock)."""
+        run = self._runs.get(run_id) if isinstance(run_id, str) else None
+        if run is None or run.expires_at <= time.monotonic():
+            raise RunLookupError(UNAVAILABLE)
+        if run.session_id != session_id:
+            raise RunLookupError(FOREIGN)
+        if run.busy:
+            raise RunLookupError(BUSY)
+        return run
 
     def begin_advance(self, run: Run) -> bool:
         """Marks a suspended run as being advanced; False if it is resuming, advancing or gone."""
@@ -221,13 +224,7 @@ class RunTable:
         """Takes a run out of the table to be cancelled (``claim``'s checks, without waiting for
         an advance). None if it is being advanced: that advance retires it when it ends."""
         with self._lock:
-            run = self._runs.get(run_id) if isinstance(run_id, str) else None
-            if run is None or run.expires_at <= time.monotonic():
-                raise RunLookupError(UNAVAILABLE)
-            if run.session_id != session_id:
-                raise RunLookupError(FOREIGN)
-            if run.busy:
-                raise RunLookupError(BUSY)
+            run = self._resumable(run_id, session_id)
             del self._runs[run.run_id]
             run.aborted = True
             if run.advancing:

@@ -46,7 +46,7 @@ from ._engine import YIELD_TOOL
 from .errors import ClosedError, ProtocolError, WorkerCrashed, WorkerUnavailable
 from .protocol import Configure, Drop, Fault, Ready, Replay, Report, Settle, Start, decode_guest_json
 from .runs import JournalCall, Run, input_hash
-from .tools import DIRECT_SETTLE_BYTES
+from .tools import settles_directly
 
 __all__ = ["KILL_GRACE_S", "Step", "Supervisor"]
 
@@ -841,7 +841,7 @@ class Supervisor:
         to finish is settled by the thread that finished it: the worker gets it without a
         wake-up (and a GIL hand-off) of the driver in between. True if it settled."""
         results = run.dispatcher.take_ready()
-        if results and (driving or sum(len(r[2]) for r in results) <= DIRECT_SETTLE_BYTES):
+        if results and (driving or settles_directly(results)):
             self._hand_results(worker, run, results, deadline, step, driving=driving)
             return True
         if results:

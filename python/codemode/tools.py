@@ -315,6 +315,11 @@ def apply_hook(decision: HookResult, args: Any) -> Any:
 DIRECT_SETTLE_BYTES = 32 << 10
 
 
+def settles_directly(results: list[tuple[int, bool, str]]) -> bool:
+    """Small enough for a tools' thread to write to the worker itself (`DIRECT_SETTLE_BYTES`)."""
+    return sum(len(payload) for _, _, payload in results) <= DIRECT_SETTLE_BYTES
+
+
 class _Plan(NamedTuple):
     """How `Dispatcher.submit` starts one call."""
 
@@ -620,7 +625,7 @@ class Dispatcher:
             self._ready.append(result)
             told, self._on_result = self._on_result, None
             handler = self._on_ready
-            if handler is not None and sum(len(r[2]) for r in self._ready) <= DIRECT_SETTLE_BYTES:
+            if handler is not None and settles_directly(self._ready):
                 self._on_ready = None
                 ready, self._ready = self._ready, []
             else:
