@@ -243,7 +243,9 @@ def test_a_relay_stuck_writing_to_a_worker_that_stopped_reading_is_ended_by_a_ki
     started = time.monotonic()
     result = s.exec({"code": "let t = 0; for (let i = 0; i < 5; i++) t += await tools.later({x: i}); return t"})
     assert stuck.is_set()
-    assert (result["status"], result["code"]) == ("failed", "runtime_unavailable"), result
+    # Killed past the deadline: which the driver sees first, the deadline or the pipe's end,
+    # depends on the machine's load.
+    assert result["status"] == "failed" and result["code"] in ("runtime_unavailable", "timeout"), result
     assert time.monotonic() - started < 0.3 + 3 * supervisor.KILL_GRACE_S + 0.5
     monkeypatch.setattr(supervisor._Relay, "_readable", real)
     assert s.exec({"code": "return await tools.later({x: 42})"})["value"] == 42
