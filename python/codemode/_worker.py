@@ -11,16 +11,11 @@ from __future__ import annotations
 
 import os
 import resource
-import select
 import sys
 
 from . import protocol
 from ._engine import Catalog, Engine, EngineInitError, __version__
-from .protocol import Configure, Drop, Fault, Ready, Replay, Report, Settle, Start
-
-#: How long a worker whose run just parked on tool calls waits for the results before it does
-#: its idle work (freeing the last engine, building the next).
-PARKED_GRACE_MS = 2
+from .protocol import Configure, Drop, Fault, Idle, Ready, Replay, Report, Settle, Start
 
 
 def _limit(kind: int, value: int) -> None:
@@ -83,6 +78,8 @@ class Worker:
         if isinstance(frame, Drop):
             self.resident.pop(frame.run, None)
             return None
+        if isinstance(frame, Idle):
+            return None
         if isinstance(frame, Configure):
             if self.config is None or frame.fingerprint != self.config.fingerprint:
                 try:
@@ -142,15 +139,15 @@ def main() -> None:
     encode = protocol.encode
     worker = Worker()
     write_all(wfd, encode(Ready(os.getpid(), __version__)))
-    poller = select.poll()
-    poller.register(rfd, select.POLLIN)
     parked = False
     while True:
         body = reader.poll()
         if body is None:
-            # A run parked on tools usually hears back within microseconds (sync tools):
-            # do not start a ~200 µs rebuild in its way unless the host is slow to answer.
-            if not (parked and poller.poll(PARKED_GRACE_MS)):
+            # A run parked on tools waits for their results, which may come within microseconds
+            # (sync tools): no ~200 µs rebuild stands in their way, and the read blocks at once
+            # (one system call, not a poll with a timer and then a read). The host sends `Idle`
+            # when the run suspends instead.
+            if not parked:
                 worker.idle()
             body = reader.read_blocking()
             if body is None:

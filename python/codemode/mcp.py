@@ -344,11 +344,12 @@ class McpServers:
             assert loop is not None
         return loop
 
-    async def call_tool_here(
+    def call_tool_here(
         self, name: str, tool: str, arguments: Mapping[str, Any] | None = None, *, timeout_s: float | None = None
-    ) -> dict[str, Any]:
-        """``acall_tool`` for a coroutine already running on ``event_loop()``."""
-        return await self._call_tool(name, tool, arguments, timeout_s)
+    ) -> Coroutine[Any, Any, dict[str, Any]]:
+        """``acall_tool`` for a coroutine already running on ``event_loop()`` (which awaits
+        what this returns: one coroutine frame less on each of the call's resumptions)."""
+        return self._call_tool(name, tool, arguments, timeout_s)
 
     def read_resource(self, name: str, uri: str, *, timeout_s: float | None = None) -> dict[str, Any]:
         """Reads a resource: ``{"contents": [{"uri", "mimeType"?, "text" | "blob"}, ...]}``."""

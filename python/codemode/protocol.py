@@ -4,7 +4,7 @@ Frames are msgspec structs in tagged unions, msgpack-encoded behind a 4-byte big
 A length above the cap is refused before anything is allocated; a frame that does not decode
 as the expected union is a ``ProtocolError`` and its sender is discarded.
 
-    host -> worker: Configure | Start | Settle | Replay | Drop
+    host -> worker: Configure | Start | Settle | Replay | Drop | Idle
     worker -> host: Ready | Report | Fault
 """
 
@@ -25,6 +25,7 @@ __all__ = [
     "Fault",
     "FrameReader",
     "HostFrame",
+    "Idle",
     "Ready",
     "Replay",
     "Report",
@@ -93,6 +94,12 @@ class Drop(msgspec.Struct, tag="drop", array_like=True):
     run: int
 
 
+class Idle(msgspec.Struct, tag="idle", array_like=True):
+    """Nothing more is coming for the run the worker parked (it suspended): do the idle work
+    now. A parked worker blocks on its pipe without it, so that no rebuild stands in the way
+    of the results it waits for."""
+
+
 class Ready(msgspec.Struct, tag="ready", array_like=True):
     pid: int
     engine_version: str
@@ -131,7 +138,7 @@ class Fault(msgspec.Struct, tag="fault", array_like=True):
     message: str
 
 
-HostFrame = Configure | Start | Settle | Replay | Drop
+HostFrame = Configure | Start | Settle | Replay | Drop | Idle
 WorkerFrame = Ready | Report | Fault
 
 _encoder = msgspec.msgpack.Encoder()
