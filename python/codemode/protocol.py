@@ -95,9 +95,9 @@ class Drop(msgspec.Struct, tag="drop", array_like=True):
 
 
 class Idle(msgspec.Struct, tag="idle", array_like=True):
-    """Nothing more is coming for the run the worker parked (it suspended): do the idle work
-    now. A parked worker blocks on its pipe without it, so that no rebuild stands in the way
-    of the results it waits for."""
+    """The run the worker parked has suspended: it may do its idle work (after a short grace,
+    for a ``wait`` that comes at once). A parked worker does none before it, so that no
+    rebuild stands in the way of the results it waits for."""
 
 
 class Ready(msgspec.Struct, tag="ready", array_like=True):
