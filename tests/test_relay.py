@@ -105,7 +105,10 @@ def test_mcp_and_sync_tools_mixed_in_one_cell(rcm, monkeypatch):
     assert result["status"] == "completed", result
     assert result["value"] == [sum(2 * i + 3 + 2 * i for i in range(5)), 101, 100, 201]
     assert result["telemetry"]["toolCalls"] == 18
-    assert takes.relay >= 5  # each second getSum follows a getSum: the relay takes it
+    # Each second getSum follows a getSum, which the relay takes once it watches the worker;
+    # on a loaded machine the driver may still be on its way to parking when a result lands
+    # (it then settles that one itself), so not all five are the relay's every time.
+    assert takes.relay >= 1
 
 
 def test_mcp_call_pending_at_the_deadline_suspends_and_wait_completes(make_codemode, monkeypatch):
