@@ -227,32 +227,6 @@ def test_a_worker_holds_several_suspended_runs_and_serves_new_execs(wcm):
     assert [s.wait({"runId": w["runId"]})["value"] for w in waiting] == [0, 1, 2]
 
 
-def test_a_run_that_suspends_sends_its_worker_idle_and_the_parked_runtime_still_settles(wcm, gate, monkeypatch):
-    """A parked worker blocks on its pipe with no rebuild in the way of its results; the host
-    tells it to do its idle work (`Idle`) when the run suspends, and only then. The worker
-    answers nothing to it: the next frame it writes is the report of the run's settle."""
-    from codemode import supervisor
-
-    sent: list[str] = []
-    write = supervisor.WorkerProcess._write
-
-    def spy(self: supervisor.WorkerProcess, frame: Any) -> Any:
-        sent.append(type(frame).__name__)
-        return write(self, frame)
-
-    monkeypatch.setattr(supervisor.WorkerProcess, "_write", spy)
-    s = wcm.session()
-    assert exec_(s, "return await tools.fast({n: 2})")["value"] == 2
-    assert "Idle" not in sent  # parked on a sync tool, settled at once: never suspended
-    first = exec_(s, "const a = await tools.fast({n: 1}); return await tools.slow({n: a})", timeoutMs=50)
-    assert first["status"] == "waiting"
-    assert sent[-1] == "Idle" and sent.count("Idle") == 1
-    assert exec_(s, "return 'other'")["value"] == "other"  # the same worker serves a new cell meanwhile
-    gate.open()
-    assert resume_until_done(s, first)["value"] == 10
-    assert sent.count("Idle") == 1
-
-
 def test_worker_killed_with_three_suspended_runs_all_complete_by_replay(make_codemode, gate):
     cm = make_codemode({"workers": 1, "timeoutMs": 300})
     add_tools(cm, gate)

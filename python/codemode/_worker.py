@@ -16,11 +16,11 @@ import sys
 
 from . import protocol
 from ._engine import Catalog, Engine, EngineInitError, __version__
-from .protocol import Configure, Drop, Fault, Idle, Ready, Replay, Report, Settle, Start
+from .protocol import Configure, Drop, Fault, Ready, Replay, Report, Settle, Start
 
-#: How long a worker whose run suspended (`Idle`) waits for a `wait` before its idle work:
-#: a host that answers a yield at once finds no ~200 µs rebuild in its way.
-SUSPENDED_GRACE_MS = 2
+#: How long a worker whose run just parked on tool calls waits for the results before it does
+#: its idle work (freeing the last engine, building the next).
+PARKED_GRACE_MS = 2
 
 
 def _limit(kind: int, value: int) -> None:
@@ -83,8 +83,6 @@ class Worker:
         if isinstance(frame, Drop):
             self.resident.pop(frame.run, None)
             return None
-        if isinstance(frame, Idle):
-            return None
         if isinstance(frame, Configure):
             if self.config is None or frame.fingerprint != self.config.fingerprint:
                 try:
@@ -120,6 +118,9 @@ class Worker:
             self.retired = engine
         return Report(start.run, status, value, failure, [], calls, [], in_flight, memory, 0, 0, writes)  # type: ignore[arg-type]  # checked by the host on decode
 
+    def has_idle_work(self) -> bool:
+        return self.retired is not None or (self.spare is None and self.config is not None)
+
     def idle(self) -> None:
         """Work done between frames: free the last engine, build the next one."""
         self.retired = None
@@ -146,25 +147,22 @@ def main() -> None:
     write_all(wfd, encode(Ready(os.getpid(), __version__)))
     poller = select.poll()
     poller.register(rfd, select.POLLIN)
-    parked = suspended = False
+    parked = False
     while True:
         body = reader.poll()
         if body is None:
-            # A run parked on tools waits for their results, which may come within microseconds
-            # (sync tools): no ~200 µs rebuild stands in their way, and the read blocks at once
-            # (one system call, not a poll with a timer and then a read). The idle work waits
-            # until the host says the run suspended (`Idle`), and a grace after that.
-            if not parked and not (suspended and poller.poll(SUSPENDED_GRACE_MS)):
+            # A run parked on tools usually hears back within microseconds (sync tools):
+            # do not start a ~200 µs rebuild in its way unless the host is slow to answer.
+            # With nothing to do, the read blocks at once (no poll and timer before it).
+            if not parked or (worker.has_idle_work() and not poller.poll(PARKED_GRACE_MS)):
                 worker.idle()
             body = reader.read_blocking()
             if body is None:
                 return
-        frame = decode(body)
-        reply = worker.handle(frame)
+        reply = worker.handle(decode(body))
         if reply is not None:
             write_all(wfd, encode(reply))
         parked = isinstance(reply, Report) and reply.status == "pending"
-        suspended = isinstance(frame, Idle)
 
 
 if __name__ == "__main__":

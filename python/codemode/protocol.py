@@ -4,7 +4,7 @@ Frames are msgspec structs in tagged unions, msgpack-encoded behind a 4-byte big
 A length above the cap is refused before anything is allocated; a frame that does not decode
 as the expected union is a ``ProtocolError`` and its sender is discarded.
 
-    host -> worker: Configure | Start | Settle | Replay | Drop | Idle
+    host -> worker: Configure | Start | Settle | Replay | Drop
     worker -> host: Ready | Report | Fault
 """
 
@@ -25,7 +25,6 @@ __all__ = [
     "Fault",
     "FrameReader",
     "HostFrame",
-    "Idle",
     "Ready",
     "Replay",
     "Report",
@@ -94,12 +93,6 @@ class Drop(msgspec.Struct, tag="drop", array_like=True):
     run: int
 
 
-class Idle(msgspec.Struct, tag="idle", array_like=True):
-    """The run the worker parked has suspended: it may do its idle work (after a short grace,
-    for a ``wait`` that comes at once). A parked worker does none before it, so that no
-    rebuild stands in the way of the results it waits for."""
-
-
 class Ready(msgspec.Struct, tag="ready", array_like=True):
     pid: int
     engine_version: str
@@ -138,7 +131,7 @@ class Fault(msgspec.Struct, tag="fault", array_like=True):
     message: str
 
 
-HostFrame = Configure | Start | Settle | Replay | Drop | Idle
+HostFrame = Configure | Start | Settle | Replay | Drop
 WorkerFrame = Ready | Report | Fault
 
 _encoder = msgspec.msgpack.Encoder()

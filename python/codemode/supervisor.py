@@ -44,7 +44,7 @@ import msgspec
 from . import protocol
 from ._engine import YIELD_TOOL
 from .errors import ClosedError, ProtocolError, WorkerCrashed, WorkerUnavailable
-from .protocol import Configure, Drop, Fault, Idle, Ready, Replay, Report, Settle, Start, decode_guest_json
+from .protocol import Configure, Drop, Fault, Ready, Replay, Report, Settle, Start, decode_guest_json
 from .runs import JournalCall, Run, input_hash
 from .tools import settles_directly
 
@@ -711,9 +711,6 @@ class Supervisor:
             raise
         if step.status == "suspended":
             run.worker = None if discard else worker
-            if not discard:
-                # Parked, the worker blocks on its pipe: it is told to do its idle work now.
-                worker.send_quietly(Idle())
         else:
             run.worker = None
         self._release(worker, discard=discard)

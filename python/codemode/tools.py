@@ -523,7 +523,7 @@ class Dispatcher:
             result = self._finish(call_id, tool, tool.fn(*positional, **keywords))
         except Exception as e:
             result = (call_id, False, _error_message(tool.id, e))
-        self._record(call_id, tool.id, time.perf_counter() - started, result[1])
+        self._record(call_id, tool.id, started, result[1])
         return result
 
     def _finish(self, call_id: int, tool: Tool, value: Any) -> tuple[int, bool, str]:
@@ -538,7 +538,7 @@ class Dispatcher:
                 return (call_id, False, f"tool {tool.id} returned a value that breaks its output contract: {problem}")
         return (call_id, True, payload.decode())
 
-    def _record(self, call_id: int, tool_id: str, seconds: float, ok: bool) -> None:
+    def _record(self, call_id: int, tool_id: str, started: float, ok: bool) -> None:
         trace = self._gate.trace
         if trace is not None:
             trace.add(
@@ -547,7 +547,7 @@ class Dispatcher:
                     id=f"{self.parent}/call_{call_id}",
                     session_id=self.session_id,
                     at=Trace.now(),
-                    duration_ms=seconds * 1000.0,
+                    duration_ms=(time.perf_counter() - started) * 1000.0,
                     parent=self.parent,
                     tool_id=tool_id,
                     status="ok" if ok else "error",
@@ -617,24 +617,22 @@ class Dispatcher:
         future.cancel()  # cancelled meanwhile (a no-op if it was delivered already)
 
     def _deliver(self, call_id: int, label: str, started: float, result: tuple[int, bool, str]) -> None:
-        seconds = time.perf_counter() - started
-        handler = told = None
+        self._record(call_id, label, started, result[1])
         with self._lock:
-            if call_id in self._futures:  # else cancelled
-                del self._futures[call_id]
-                self._ready.append(result)
-                told, self._on_result = self._on_result, None
-                handler = self._on_ready
-                if handler is not None and settles_directly(self._ready):
-                    self._on_ready = None
-                    ready, self._ready = self._ready, []
-                else:
-                    handler = None
-                    self._wake_locked()
+            if call_id not in self._futures:
+                return  # cancelled
+            del self._futures[call_id]
+            self._ready.append(result)
+            told, self._on_result = self._on_result, None
+            handler = self._on_ready
+            if handler is not None and settles_directly(self._ready):
+                self._on_ready = None
+                ready, self._ready = self._ready, []
+            else:
+                handler = None
+                self._wake_locked()
         if handler is not None:
             handler(ready)
-        # Traced once the result is on its way: the guest runs on meanwhile.
-        self._record(call_id, label, seconds, result[1])
         if told is not None:
             told()
 
