@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from .catalog import input_hint
 
-__all__ = ["McpNames", "camel_ident", "declarations", "mcp_names", "tool_declaration"]
+__all__ = ["McpNames", "api_path", "camel_ident", "declarations", "mcp_names", "tool_declaration"]
 
 _WORD = re.compile(r"[A-Za-z0-9]+")
 _RESERVED_MEMBERS = frozenset({"$api", "resources", "prompts"})
@@ -64,18 +64,32 @@ class McpNames:
         self.tools = tools
 
 
-def mcp_names(tools: Iterable[_McpTool]) -> McpNames:
-    """Assigns identifiers in catalog order; collisions get visible numeric suffixes."""
-    servers: dict[str, str] = {}
+def mcp_names(tools: Iterable[_McpTool], servers: Iterable[str] = ()) -> McpNames:
+    """Assigns identifiers in catalog order; collisions get visible numeric suffixes. ``servers``:
+    servers without visible tools (only resources or prompts, or unreachable), named after those
+    that have tools, in the order given."""
+    idents: dict[str, str] = {}
     server_taken: set[str] = set()
     tool_idents: dict[str, str] = {}
     taken_by_server: dict[str, set[str]] = {}
     for tool in tools:
-        if tool.owner not in servers:
-            servers[tool.owner] = _unique(camel_ident(tool.owner), server_taken)
+        if tool.owner not in idents:
+            idents[tool.owner] = _unique(camel_ident(tool.owner), server_taken)
         taken = taken_by_server.setdefault(tool.owner, set(_RESERVED_MEMBERS))
         tool_idents[tool.id] = _unique(camel_ident(tool.name), taken)
-    return McpNames(servers, tool_idents)
+    for server in servers:
+        if server not in idents:
+            idents[server] = _unique(camel_ident(server), server_taken)
+    return McpNames(idents, tool_idents)
+
+
+_PATH_SAFE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")
+
+
+def api_path(server: str, ident: str) -> str:
+    """The server's declaration file: ``mcp/<server>.d.ts``, or ``mcp/<ident>.d.ts`` when the
+    server's name would not make one path segment (``/``, spaces, a leading dot)."""
+    return f"mcp/{server if _PATH_SAFE.match(server) else ident}.d.ts"
 
 
 def _safe_comment(text: str) -> str:
@@ -92,7 +106,9 @@ def _doc(description: str, schema: Mapping[str, Any] | None, indent: str) -> lis
         for key, prop in list(properties.items())[:32]:
             text = prop.get("description") if isinstance(prop, Mapping) else None
             if isinstance(text, str) and text.strip():
-                lines.append(f"{indent} * @param {key} {_safe_comment(text.strip().splitlines()[0][:200])}")
+                lines.append(
+                    f"{indent} * @param {_safe_comment(key)} {_safe_comment(text.strip().splitlines()[0][:200])}"
+                )
     lines.append(f"{indent} */")
     return lines
 
@@ -118,18 +134,29 @@ def tool_declaration(tool: _McpTool, ident: str) -> str:
     return "\n".join(lines)
 
 
-def declarations(tools: Iterable[_McpTool], names: McpNames) -> dict[str, str]:
-    """The virtual ``API`` files: ``mcp/index.d.ts`` and one ``mcp/<server>.d.ts`` per server."""
+def declarations(
+    tools: Iterable[_McpTool],
+    names: McpNames,
+    servers: Iterable[str] = (),
+    unavailable: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The virtual ``API`` files: ``mcp/index.d.ts`` and one ``mcp/<server>.d.ts`` per server
+    (``servers``: those without visible tools too); ``unavailable`` servers (why) are noted in the
+    index only."""
     by_server: dict[str, list[_McpTool]] = {}
     for tool in tools:
         by_server.setdefault(tool.owner, []).append(tool)
+    for server in servers:
+        by_server.setdefault(server, [])
     files: dict[str, str] = {}
     index = [HEADER, "/** MCP servers visible to this run: `MCP.<server>.<tool>(input)`. */", "declare const MCP: {"]
     for server, items in by_server.items():
         ident = names.servers[server]
-        index.append(f"  /** server {json.dumps(server)}: {len(items)} tool(s); see mcp/{server}.d.ts */")
+        path = api_path(server, ident)
+        label = _safe_comment(json.dumps(server))
+        index.append(f"  /** server {label}: {len(items)} tool(s); see {path} */")
         index.append(f"  {ident}: typeof MCP.{ident};")
-        body = [HEADER, f"/** MCP server {json.dumps(server)} (`MCP.{ident}`). */", f"declare namespace MCP.{ident} {{"]
+        body = [HEADER, f"/** MCP server {label} (`MCP.{ident}`). */", f"declare namespace MCP.{ident} {{"]
         body.append("  /** Returns this API header; for one tool (with `schema: true`, its JSON Schema too). */")
         body.append("  function $api(toolName?: string, options?: { schema?: boolean }): Promise<McpApiHeader>;")
         body.append("  const resources: { list(): Promise<unknown>; read(input: { uri: string }): Promise<unknown> };")
@@ -140,7 +167,12 @@ def declarations(tools: Iterable[_McpTool], names: McpNames) -> dict[str, str]:
         for tool in items:
             body.extend("  " + line for line in tool_declaration(tool, names.tools[tool.id]).splitlines())
         body.append("}")
-        files[f"mcp/{server}.d.ts"] = "\n".join(body) + "\n"
+        files[path] = "\n".join(body) + "\n"
+    for server, reason in (unavailable or {}).items():
+        ident = names.servers[server]
+        why = _safe_comment(" ".join(reason.split())[:300])
+        index.append(f"  /** server {_safe_comment(json.dumps(server))} is unavailable: {why} */")
+        index.append(f"  {ident}: unknown;")
     index.append("};")
     files["mcp/index.d.ts"] = "\n".join(index) + "\n"
     return files

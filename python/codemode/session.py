@@ -28,8 +28,7 @@ from . import _engine
 from ._engine import Catalog
 from .catalog import quick_index
 from .config import BOUNDS, CodeModeConfig, load_config
-from .errors import ClosedError, CodemodeError, ConfigError
-from .mcp_api import mcp_names
+from .errors import ClosedError, CodemodeError, ConfigError, ToolDefinitionError
 from .namespaces import NamespaceRegistration, Namespaces
 from .policy import Approver, Hook, Policy, ToolCallEvent, Trace, TraceEvent
 from .protocol import Configure, EngineLimits
@@ -63,8 +62,12 @@ MODEL_VISIBLE_TOOLS = ("exec", "wait")
 LIKELY_SCHEMAS = 3
 #: The lower bound of a `tool_search_code` cell's timeout (seed 001).
 TOOL_SEARCH_CODE_MIN_TIMEOUT_MS = 1000
-#: How long an unreachable MCP server is left alone before an exec tries to list it again.
+#: How long an unreachable MCP server is left alone before an exec lists it again (in the
+#: background: a retry never holds an exec up).
 MCP_RETRY_S = 10.0
+#: How long an exec waits for servers listed for the first time (set-up, not the cell's time);
+#: one that takes longer is unavailable, saying so, until its listing lands.
+MCP_START_WAIT_S = 10.0
 
 EXEC_PREAMBLE = """Run a JavaScript or TypeScript cell (an async function body: top-level await and return) \
 against the hidden tool catalog. In the cell: `await tools.search(query, {limit})` -> compact entries; \
@@ -269,6 +272,8 @@ class CodeMode:
         #: MCP servers whose tools are in the registry (or that failed to list: name -> error).
         self._mcp_loaded: dict[str, str | None] = {}
         self._mcp_failed_at: dict[str, float] = {}
+        #: Listings in flight (on the MCP loop), by server.
+        self._mcp_listing: dict[str, concurrent.futures.Future[None]] = {}
         self._mcp_lock = threading.Lock()
         for name, server in self.config.mcp_servers.items():
             self.add_mcp_server(name, server)
@@ -286,29 +291,66 @@ class CodeMode:
             self._mcp_loaded.pop(name, None)
 
     def load_mcp_tools(self) -> dict[str, str | None]:
-        """Connects to MCP servers not yet listed and registers their tools. Returns, per server,
-        None or why it could not be reached (its tools are then absent; other servers work)."""
+        """Lists the MCP servers not listed yet (and those that failed over ``MCP_RETRY_S`` ago),
+        all at once, registers their tools and waits for them. Returns, per server, None or why
+        it cannot be used (its tools are then absent; other servers work)."""
+        self._list_mcp(None)
+        with self._mcp_lock:
+            return dict(self._mcp_loaded)
+
+    def _mcp_stale(self, server: str, now: float) -> bool:
+        """Never listed, or failed long enough ago to try again (and not being listed now)."""
+        if server in self._mcp_listing:
+            return False
+        if server not in self._mcp_loaded:
+            return True
+        return self._mcp_loaded[server] is not None and now - self._mcp_failed_at.get(server, now) >= MCP_RETRY_S
+
+    def _list_mcp(self, wait_s: float | None) -> None:
+        """Starts listing each stale server on the MCP loop (one listing per server at a time),
+        then waits: for every listing (``wait_s`` None), or up to ``wait_s`` for the servers
+        listed for the first time. So a server that is slow to start, or never answers, costs an
+        ``exec`` at most ``wait_s`` once; until its listing lands it is unavailable, saying so,
+        and retries never hold an ``exec`` up."""
         mcp = self._mcp
         if mcp is None:
-            return {}
+            return
+        waited: dict[str, concurrent.futures.Future[None]] = {}
         with self._mcp_lock:
             now = time.monotonic()
             for server in mcp.names():
-                if server in self._mcp_loaded and (
-                    self._mcp_loaded[server] is None or now - self._mcp_failed_at.get(server, now) < MCP_RETRY_S
-                ):
-                    continue
+                if self._mcp_stale(server, now):
+                    first = server not in self._mcp_loaded
+                    if first:
+                        self._registry.set_mcp_server(server, None, f"MCP server {server!r} is still starting")
+                    listing = asyncio.run_coroutine_threadsafe(self._list_server(mcp, server), mcp.event_loop())
+                    self._mcp_listing[server] = listing
+                    if first or wait_s is None:
+                        waited[server] = listing
+                elif wait_s is None and server in self._mcp_listing:
+                    waited[server] = self._mcp_listing[server]
+        if not waited:
+            return
+        concurrent.futures.wait(waited.values(), timeout=wait_s)
+        with self._mcp_lock:
+            for server, listing in waited.items():
+                if not listing.done() and server not in self._mcp_loaded:
+                    # Not waited for again: later execs go on without it until it lands.
+                    self._mcp_loaded[server] = f"MCP server {server!r} is still starting"
+
+    async def _list_server(self, mcp: McpServers, server: str) -> None:
+        """On the MCP loop: lists one server and registers its tools, all at once (before the
+        listing's future completes, so whoever waits for it finds them)."""
+        reason: str | None = None
+        tools: list[Tool] = []
+        try:
+            listed = await mcp.alist_tools(server)
+        except CodemodeError as e:
+            reason = str(e)
+        else:
+            for info in listed:
                 try:
-                    listed = mcp.list_tools(server)
-                except CodemodeError as e:
-                    self._mcp_loaded[server] = str(e)
-                    self._mcp_failed_at[server] = now
-                    self._registry.set_unavailable(server, str(e))
-                    continue
-                self._registry.set_unavailable(server, None)
-                self._mcp_failed_at.pop(server, None)
-                for info in listed:
-                    self._registry.add(
+                    tools.append(
                         define_tool(
                             _mcp_caller(mcp, server, info.name),
                             name=info.name,
@@ -320,18 +362,31 @@ class CodeMode:
                             loop=mcp.event_loop,
                         )
                     )
-                self._mcp_loaded[server] = None
-            return dict(self._mcp_loaded)
+                except ToolDefinitionError as e:
+                    # One unusable name (empty, over 128 characters, control characters) costs
+                    # that tool, not the server.
+                    _log.warning("MCP server %r: tool left out: %s", server, e)
+        with self._mcp_lock:
+            self._mcp_listing.pop(server, None)
+            if reason is None:
+                try:
+                    self._registry.set_mcp_server(server, tools)
+                except ToolDefinitionError as e:
+                    reason = f"MCP server {server!r} cannot be used: {e}"
+            if reason is None:
+                self._mcp_failed_at.pop(server, None)
+            else:
+                self._registry.set_mcp_server(server, None, reason)
+                self._mcp_failed_at[server] = time.monotonic()
+            self._mcp_loaded[server] = reason
 
-    def _mcp_stale(self) -> bool:
-        """Servers never listed, or failed long enough ago to try again."""
+    def _mcp_wanted(self) -> bool:
+        """Some server is to be listed (an exec starts it: never listed, or its retry is due)."""
         mcp = self._mcp
         if mcp is None:
             return False
-        if len(self._mcp_loaded) < len(mcp.names()):
-            return True
         now = time.monotonic()
-        return any(now - at >= MCP_RETRY_S for at in self._mcp_failed_at.values())
+        return any(self._mcp_stale(server, now) for server in mcp.names())
 
     async def _mcp_op(self, server: str, op: str, payload: Any) -> Any:
         mcp = self._mcp
@@ -419,13 +474,11 @@ class CodeMode:
         view = self.catalog()
         entries = [t.entry() for t in view.tools.values()]
         text = EXEC_PREAMBLE + "\n" + quick_index(entries, max_chars=max_index_chars)
-        mcp_tools = [t for t in view.tools.values() if t.source == "mcp"]
-        if mcp_tools:
+        if view.mcp_servers:
             # The spec: the model learns of the MCP API from this description and reads only
             # the declarations it needs (MCP tools are not in the index, search or ALL_TOOLS).
-            names = mcp_names(mcp_tools)
-            counts = collections.Counter(t.owner for t in mcp_tools)
-            servers = ", ".join(f"MCP.{names.servers[owner]} ({n})" for owner, n in counts.items())
+            counts = collections.Counter(t.owner for t in view.tools.values() if t.source == "mcp")
+            servers = ", ".join(f"MCP.{ident} ({counts[server]})" for server, ident in view.mcp_servers.items())
             text += (
                 f"\nMCP servers (tools): {servers}. Call `await MCP.<server>.<tool>({{...}})`; read the "
                 "declarations first: `await API.read('mcp/index.d.ts')`, `await API.read('mcp/<server>.d.ts')` "
@@ -694,8 +747,8 @@ class CodeMode:
         if options.timeout_ms is not None:
             timeout_ms = min(max(options.timeout_ms, low), high)
         timeout_ms = min(max(timeout_ms, min_timeout_ms), high)
-        if self._mcp is not None and self._mcp_stale():
-            self.load_mcp_tools()
+        if self._mcp is not None and self._mcp_wanted():
+            self._list_mcp(MCP_START_WAIT_S)
         configure, view = self._configuration()
         namespaces, namespace_calls = self._namespaces.build(view.tools, session_id)
         run_setup: dict[str, Any] = {}

@@ -20,14 +20,14 @@ import re
 import select
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, NamedTuple
 
 import msgspec
 
 from . import catalog
 from .errors import ToolDefinitionError
-from .mcp_api import camel_ident, declarations, mcp_names, tool_declaration
+from .mcp_api import api_path, declarations, mcp_names, tool_declaration
 from .namespaces import CallTable
 from .policy import Approver, Block, Hook, HookResult, Policy, Rewrite, ToolCallEvent, Trace, TraceEvent
 
@@ -35,6 +35,10 @@ __all__ = ["BackgroundLoop", "CatalogView", "Dispatcher", "Gate", "Tool", "ToolR
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
 _OWNER = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+#: MCP servers name their tools (and users their servers) as they like; guest code reaches them
+#: through camelCase identifiers (`mcp_api.camel_ident`), so only length and control characters
+#: are refused. The MCP spec asks for 1-128 characters.
+_MCP_NAME = re.compile(r"^[^\x00-\x1f\x7f]{1,128}$")
 #: Names the catalog never holds: the model-facing control tools themselves.
 CONTROL_TOOLS = frozenset({"exec", "wait", "tool_search_code", "tool_search", "tool_describe", "tool_call"})
 #: The tool ids namespace and ``MCP.*`` calls arrive under (see prelude.js).
@@ -110,9 +114,9 @@ def define_tool(
     if not callable(fn):
         raise ToolDefinitionError(f"a tool must be callable, not {type(fn).__name__}")
     name = name or str(getattr(fn, "__name__", ""))
-    if not _NAME.match(name):
+    if not (_MCP_NAME if source == "mcp" else _NAME).match(name):
         raise ToolDefinitionError(f"invalid tool name {name!r}")
-    if not _OWNER.match(owner):
+    if not (_MCP_NAME if source == "mcp" else _OWNER).match(owner):
         raise ToolDefinitionError(f"invalid tool owner {owner!r}")
     if source not in ("host", "client", "mcp"):
         raise ToolDefinitionError(f"invalid tool source {source!r}")
@@ -160,6 +164,9 @@ class CatalogView(msgspec.Struct, frozen=True):
     counts: dict[str, int]
     #: Names of the direct-only tools the policy allows (they stay model-visible).
     direct: tuple[str, ...]
+    #: The MCP servers this run may use (their resources and prompts too): server -> the
+    #: identifier under ``MCP``.
+    mcp_servers: dict[str, str] = {}
 
 
 _SOURCE_RANK = {"host": 0, "mcp": 1, "client": 2}
@@ -177,17 +184,28 @@ class ToolRegistry:
         self._lock = threading.Lock()
         self.version = 0
         self._views: dict[Policy, tuple[int, CatalogView]] = {}
-        #: MCP servers that could not be reached: server -> why (the guest gets a clear error).
-        self._unavailable: dict[str, str] = {}
+        #: MCP servers: server -> None once listed, else why it cannot be used (the guest gets
+        #: a clear error). A listed server with no tools still has resources and prompts.
+        self._mcp_servers: dict[str, str | None] = {}
 
-    def set_unavailable(self, server: str, reason: str | None) -> None:
+    def set_mcp_server(self, server: str, tools: Iterable[Tool] | None, reason: str | None = None) -> None:
+        """Replaces everything registered for MCP server ``server`` at once: its tools (``None``:
+        keep them) and its state (``reason``: why it cannot be used, or None). A tool id that is
+        already another's fails the whole server (``ToolDefinitionError``), changing nothing."""
         with self._lock:
-            if reason is None:
-                if self._unavailable.pop(server, None) is not None:
-                    self.version += 1
-            elif self._unavailable.get(server) != reason:
-                self._unavailable[server] = reason
-                self.version += 1
+            if tools is not None:
+                tools = list(tools)
+                mine = {t.id for t in self._tools.values() if t.source == "mcp" and t.owner == server}
+                for tool in tools:
+                    if tool.source != "mcp" or tool.owner != server:
+                        raise ToolDefinitionError(f"tool {tool.id!r} is not one of MCP server {server!r}'s")
+                    if tool.id in self._tools and tool.id not in mine:
+                        raise ToolDefinitionError(f"a tool with id {tool.id!r} is already registered")
+                for tool_id in mine:
+                    del self._tools[tool_id]
+                self._tools.update((t.id, t) for t in tools)
+            self._mcp_servers[server] = reason
+            self.version += 1
 
     def add(self, tool: Tool) -> Tool:
         with self._lock:
@@ -221,7 +239,18 @@ class ToolRegistry:
             ordered = sorted(self._tools.values(), key=_catalog_order)
             tools = {t.id: t for t in ordered if not t.direct_only and policy.permits(t.id, t.name)}
             mcp = [t for t in tools.values() if t.source == "mcp"]
-            names = mcp_names(mcp)
+            # Servers with no tools (resources and prompts only) and unreachable ones are visible
+            # when the policy would let their tools through (`mcp:<server>:*`); a server whose
+            # tools are all denied is hidden.
+            with_tools = {t.owner for t in self._tools.values() if t.source == "mcp"}
+            bare = sorted(
+                server
+                for server in self._mcp_servers
+                if server not in with_tools and policy.permits(f"mcp:{server}:*", "*")
+            )
+            unavailable = {s: r for s in bare if (r := self._mcp_servers[s]) is not None}
+            toolless = [s for s in bare if s not in unavailable]
+            names = mcp_names(mcp, bare)
             entries = []
             for tool in tools.values():
                 entry = tool.entry()
@@ -230,20 +259,20 @@ class ToolRegistry:
                     entry["serverIdent"] = names.servers[tool.owner]
                     entry["declaration"] = tool_declaration(tool, names.tools[tool.id])
                 entries.append(entry)
-            unavailable = {
-                server: {"ident": camel_ident(server), "reason": reason}
-                for server, reason in sorted(self._unavailable.items())
-                if server not in names.servers
-            }
-            catalog_json = _encode(
-                {"tools": entries, "api": declarations(mcp, names) if mcp else {}, "mcpUnavailable": unavailable}
-            ).decode()
+            servers: dict[str, dict[str, str]] = {}
+            for server, ident in names.servers.items():
+                servers[server] = {"ident": ident, "path": api_path(server, ident)}
+                if server in unavailable:
+                    servers[server]["reason"] = unavailable[server]
+            api = declarations(mcp, names, toolless, unavailable) if servers else {}
+            catalog_json = _encode({"tools": entries, "api": api, "mcpServers": servers}).decode()
             fingerprint = hashlib.blake2b(catalog_json.encode(), digest_size=16).hexdigest()
             counts = {"host": 0, "mcp": 0, "client": 0}
             for tool in tools.values():
                 counts[tool.source] += 1
             direct = tuple(t.name for t in self._tools.values() if t.direct_only and policy.permits(t.id, t.name))
-            view = CatalogView(tools, catalog_json, fingerprint, counts, direct)
+            reachable = {s: ident for s, ident in names.servers.items() if s not in unavailable}
+            view = CatalogView(tools, catalog_json, fingerprint, counts, direct, reachable)
             if len(self._views) > 32:
                 self._views.clear()
             self._views[policy] = (self.version, view)
@@ -446,9 +475,8 @@ class Dispatcher:
             except (msgspec.DecodeError, KeyError, TypeError, AttributeError):
                 return self._answer(call_id, None, "malformed MCP call")
             if "id" not in request:
-                servers = {t.owner for t in self.view.tools.values() if t.source == "mcp"}
                 ops = self._mcp_ops
-                if ops is None or server not in servers or op not in MCP_OPS:
+                if ops is None or server not in self.view.mcp_servers or op not in MCP_OPS:
                     return self._answer(call_id, None, f"unknown MCP request {server}.{op}")
                 label = f"mcp:{server}:{op}"
                 make = functools.partial(ops, server, op, payload)

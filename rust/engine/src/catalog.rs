@@ -17,13 +17,25 @@ use crate::search::{IndexEntry, SearchIndex};
 /// Names `tools.<name>` can never take: they are the catalog helpers themselves.
 const RESERVED: [&str; 4] = ["search", "describe", "call", "callValue"];
 
+/// What `MCP.<server>.$api(tool)` serves of one MCP tool.
+#[derive(Debug)]
+struct McpApi {
+    server_ident: String,
+    /// The tool's identifier under `MCP.<server>` and its MCP name: `$api` takes either.
+    ident: String,
+    name: String,
+    declaration: String,
+    /// The input schema, as JSON.
+    schema: Option<String>,
+}
+
 /// One tool: what the guest may see of it, pre-rendered as JSON text.
 #[derive(Debug)]
 struct Entry {
     id: String,
     mcp: bool,
-    /// MCP only: `(server identifier, declaration, input schema JSON)` for `$api`.
-    mcp_api: Option<(String, String, Option<String>)>,
+    /// MCP only: what `$api` serves of the tool.
+    mcp_api: Option<McpApi>,
     /// `{id, name, label?, description, source, sourceName?, input, output?}`
     compact: String,
     /// The compact entry plus `parameters` and `outputSchema` (for `tools.describe`).
@@ -83,7 +95,7 @@ impl Catalog {
     /// tool-search surface, where they are called by id; code mode keeps them to `MCP.*`).
     pub fn from_json_with(json: &str, include_mcp: bool) -> Result<Catalog, String> {
         let value: Value = serde_json::from_str(json).map_err(|e| format!("catalog is not valid JSON: {e}"))?;
-        let (items, api, unavailable) = match value {
+        let (items, api, servers) = match value {
             Value::Array(items) => (items, Map::new(), Map::new()),
             Value::Object(mut object) => {
                 let items = match object.remove("tools") {
@@ -95,11 +107,11 @@ impl Catalog {
                     None => Map::new(),
                     _ => return Err("catalog.api must be an object".into()),
                 };
-                let unavailable = match object.remove("mcpUnavailable") {
-                    Some(Value::Object(unavailable)) => unavailable,
+                let servers = match object.remove("mcpServers") {
+                    Some(Value::Object(servers)) => servers,
                     _ => Map::new(),
                 };
-                (items, api, unavailable)
+                (items, api, servers)
             }
             _ => return Err("catalog must be a JSON array or object".into()),
         };
@@ -112,7 +124,9 @@ impl Catalog {
         }
         let api = api.into_iter().filter_map(|(k, v)| v.as_str().map(|text| (k, text.to_owned()))).collect();
         let mut catalog = Catalog::from_entries(entries, api, include_mcp);
-        catalog.add_unavailable_servers(unavailable);
+        if !include_mcp {
+            catalog.add_mcp_servers(servers);
+        }
         Ok(catalog)
     }
 
@@ -170,13 +184,13 @@ impl Catalog {
                     .or_insert_with(|| serde_json::json!({"server": server, "tools": {}}))
                 {
                     if let Some(Value::Object(tools)) = slot.get_mut("tools") {
-                        tools.insert(ident, Value::String(id.clone()));
+                        tools.insert(ident.clone(), Value::String(id.clone()));
                     }
                 }
                 mcp_servers
                     .entry(server_ident.clone())
                     .or_insert_with(|| (server.clone(), format!("mcp/{server}.d.ts")));
-                mcp_api = Some((server_ident, declaration, schema));
+                mcp_api = Some(McpApi { server_ident, ident, name: name.clone(), declaration, schema });
             }
             by_id.entry(id.clone()).or_insert(position);
             entries.push(Entry {
@@ -212,17 +226,25 @@ impl Catalog {
         }
     }
 
-    /// Servers that could not be reached appear in `MCP` as objects whose calls reject with the
-    /// reason: a clear error instead of `undefined is not a function`.
-    fn add_unavailable_servers(&mut self, unavailable: Map<String, Value>) {
-        if unavailable.is_empty() {
+    /// The host's `mcpServers`: `{server: {ident, path, reason?}}` for every visible server.
+    /// Each gets its `API` file path for `$api`; a server without tools (resources and prompts
+    /// only) gets an `MCP` entry of its own; one that cannot be used (`reason`) appears as an
+    /// object whose calls reject with the reason: a clear error, not `undefined is not a function`.
+    fn add_mcp_servers(&mut self, servers: Map<String, Value>) {
+        if servers.is_empty() {
             return;
         }
         let Ok(Value::Object(mut view)) = serde_json::from_str::<Value>(&self.mcp_json) else { return };
-        for (server, info) in unavailable {
+        for (server, info) in servers {
             let ident = info.get("ident").and_then(Value::as_str).unwrap_or(server.as_str()).to_owned();
-            let reason = info.get("reason").and_then(Value::as_str).unwrap_or("unavailable").to_owned();
-            view.entry(ident).or_insert_with(|| serde_json::json!({"server": server, "unavailable": reason}));
+            if let Some(reason) = info.get("reason").and_then(Value::as_str) {
+                view.entry(ident).or_insert_with(|| serde_json::json!({"server": server, "unavailable": reason}));
+                continue;
+            }
+            let path = info.get("path").and_then(Value::as_str).map(str::to_owned);
+            let path = path.unwrap_or_else(|| format!("mcp/{server}.d.ts"));
+            view.entry(ident.clone()).or_insert_with(|| serde_json::json!({"server": server, "tools": {}}));
+            self.mcp_servers.insert(ident, (server, path));
         }
         self.mcp_json = Value::Object(view).to_string();
     }
@@ -260,17 +282,26 @@ impl Catalog {
             let declaration = self.api.get(path).cloned().unwrap_or_default();
             return Ok(serde_json::json!({"server": server, "declaration": declaration}).to_string());
         };
-        for entry in &self.entries {
-            let Some((entry_server, declaration, parameters)) = &entry.mcp_api else { continue };
-            let name = entry.id.rsplit(':').next().unwrap_or_default();
-            if entry_server != server_ident
-                || !(declaration.contains(&format!("function {tool_ident}(")) || name == tool_ident)
-            {
-                continue;
-            }
-            let mut header = serde_json::json!({"server": server, "tool": name, "declaration": declaration});
+        // The identifier first: a tool's MCP name may be another's identifier.
+        let found = self
+            .entries
+            .iter()
+            .filter_map(|entry| entry.mcp_api.as_ref())
+            .filter(|api| api.server_ident == server_ident)
+            .min_by_key(|api| {
+                if api.ident == tool_ident {
+                    0
+                } else if api.name == tool_ident {
+                    1
+                } else {
+                    2
+                }
+            })
+            .filter(|api| api.ident == tool_ident || api.name == tool_ident);
+        if let Some(api) = found {
+            let mut header = serde_json::json!({"server": server, "tool": api.name, "declaration": api.declaration});
             if schema {
-                let parsed = parameters.as_deref().and_then(|p| serde_json::from_str::<Value>(p).ok());
+                let parsed = api.schema.as_deref().and_then(|p| serde_json::from_str::<Value>(p).ok());
                 header["schema"] = parsed.unwrap_or(Value::Null);
             }
             return Ok(header.to_string());

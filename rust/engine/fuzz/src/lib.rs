@@ -260,7 +260,7 @@ fn catalog(with_tools: bool) -> Arc<Catalog> {
                 r#"{"id": "mcp:srv:fetch", "name": "fetch", "description": "Fetch a URL.", "source": "mcp", "input": "unknown", "ident": "fetch", "serverIdent": "srv", "declaration": "fetch(input: { url: string }): Promise<unknown>;"}"#.to_owned(),
             );
             let json = format!(
-                r#"{{"tools": [{}], "api": {{"mcp/srv.d.ts": "declare namespace MCP.srv {{}}"}}, "mcpUnavailable": {{"down": {{"ident": "down", "reason": "unreachable"}}}}}}"#,
+                r#"{{"tools": [{}], "api": {{"mcp/srv.d.ts": "declare namespace MCP.srv {{}}"}}, "mcpServers": {{"srv": {{"ident": "srv", "path": "mcp/srv.d.ts"}}, "down": {{"ident": "down", "reason": "unreachable"}}}}}}"#,
                 tools.join(",")
             );
             match Catalog::from_json(&json) {

@@ -1,0 +1,145 @@
+"""MCP servers with what real servers and configs do that the common ones do not: names that
+are not identifiers, no tools at all, a server that never answers, servers that fail alike.
+The servers are real (the official SDK's ``MCPServer`` in tests/fixtures, or processes that
+never speak MCP)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from codemode import CodeMode
+from codemode.session import MCP_START_WAIT_S
+
+ODD = str(Path(__file__).resolve().parent / "fixtures" / "odd_mcp_server.py")
+NEVER_ANSWERS = {"command": sys.executable, "args": ["-c", "import time; time.sleep(600)"]}
+
+
+def odd_server(*flags: str) -> dict[str, Any]:
+    return {"command": sys.executable, "args": [ODD, *flags]}
+
+
+def value(session: Any, code: str, **extra: Any) -> Any:
+    result = session.exec({"code": code, **extra})
+    assert result["status"] == "completed", result
+    return result["value"]
+
+
+def failure(session: Any, code: str) -> str:
+    result = session.exec({"code": code})
+    assert result["status"] == "failed", result
+    return str(result["error"])
+
+
+@pytest.fixture(scope="module")
+def ecm():
+    servers = {"My Server": odd_server(), "docs": odd_server("--docs-only")}
+    with CodeMode({"workers": 1, "timeoutMs": 20_000, "mcpServers": servers}) as cm:
+        assert cm.load_mcp_tools() == {"My Server": None, "docs": None}
+        yield cm
+
+
+def test_names_that_are_not_identifiers_reach_guest_code(ecm):
+    s = ecm.session()
+    assert value(s, "return Object.keys(MCP)") == ["docs", "myServer"]
+    # "2fa-check" gets a leading underscore; "get.sum" and "get_sum" both camelCase to getSum,
+    # the second in catalog order gets the visible suffix; the 200-character name is left out.
+    assert value(s, "return Object.keys(MCP.myServer)") == [
+        "_2faCheck",
+        "getSum",
+        "getSum_2",
+        "$api",
+        "resources",
+        "prompts",
+    ]
+    got = value(
+        s,
+        "const t = (r) => r.content[0].text;"
+        "return [t(await MCP.myServer._2faCheck({code: '42'})), t(await MCP.myServer.getSum({a: 1, b: 2})),"
+        " t(await MCP.myServer.getSum_2({a: 1, b: 2}))]",
+    )
+    assert got == ["checked 42", "3", "1003"]
+    ids = {t for t in ecm.catalog().tools if t.startswith("mcp:My Server:")}
+    assert ids == {"mcp:My Server:2fa-check", "mcp:My Server:get.sum", "mcp:My Server:get_sum"}
+
+
+def test_declaration_files_of_a_server_whose_name_is_not_a_path_segment(ecm):
+    s = ecm.session()
+    assert [f["path"] for f in value(s, "return await API.list()")] == [
+        "mcp/docs.d.ts",
+        "mcp/index.d.ts",
+        "mcp/myServer.d.ts",
+    ]
+    index = value(s, "return await API.read('mcp/index.d.ts')")
+    assert '/** server "My Server": 3 tool(s); see mcp/myServer.d.ts */' in index
+    declared = value(s, "return await API.read('mcp/myServer.d.ts')")
+    assert "function getSum_2(input: { a: number; b: number }): Promise<McpToolResult>;" in declared
+    assert '// MCP tool name: "get_sum"' in declared
+    assert '// MCP tool name: "2fa-check"' in declared
+
+
+def test_api_finds_a_tool_by_its_identifier_or_its_name_never_by_another_description(ecm):
+    s = ecm.session()
+    # get.sum's description quotes `function getSum_2(input`: it must not answer for getSum_2.
+    got = value(
+        s,
+        "const t = async (n) => (await MCP.myServer.$api(n)).tool;"
+        "return [await t('getSum_2'), await t('getSum'), await t('get_sum'), await t('get.sum'), await t('_2faCheck')]",
+    )
+    assert got == ["get_sum", "get.sum", "get_sum", "get.sum", "2fa-check"]
+    assert "unknown MCP tool" in failure(s, "return await MCP.myServer.$api('function getSum_2(')")
+
+
+def test_a_server_with_only_resources_and_prompts_is_reachable(ecm):
+    s = ecm.session()
+    assert value(s, "return Object.keys(MCP.docs)") == ["$api", "resources", "prompts"]
+    memo = value(s, "return await MCP.docs.resources.read({uri: 'memo://one'})")
+    assert memo["contents"][0]["text"] == "the first memo"
+    prompt = value(s, "return await MCP.docs.prompts.get({name: 'brief', arguments: {topic: 'tea'}})")
+    assert prompt["messages"][0]["content"]["text"] == "Be brief about tea."
+    declared = value(s, "return (await MCP.docs.$api()).declaration")
+    assert "declare namespace MCP.docs {" in declared and "const resources:" in declared
+    assert "MCP.docs (0)" in ecm.exec_description()
+
+
+def test_a_policy_that_denies_a_servers_tools_hides_a_server_without_tools_too(ecm):
+    ecm.set_policy(deny=["mcp:docs:*"])
+    try:
+        s = ecm.session()
+        assert value(s, "return Object.keys(MCP)") == ["myServer"]
+        assert [f["path"] for f in value(s, "return await API.list()")] == ["mcp/index.d.ts", "mcp/myServer.d.ts"]
+    finally:
+        ecm.set_policy()
+
+
+def test_a_server_that_never_answers_holds_up_no_exec(make_codemode):
+    cm = make_codemode({"workers": 1, "timeoutMs": 1000, "mcpServers": {"silent": NEVER_ANSWERS}})
+
+    @cm.tool
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    s = cm.session()
+    # The MCP client waits up to 30 s for a handshake; an exec waits at most MCP_START_WAIT_S
+    # for a server listed the first time, and not at all after that.
+    for bound in (MCP_START_WAIT_S + 5, 5):
+        started = time.monotonic()
+        assert value(s, "return await tools.add({a: 1, b: 2})") == 3
+        assert time.monotonic() - started < bound
+    assert "is still starting" in failure(s, "return await MCP.silent.anything({})")
+
+
+def test_servers_that_cannot_start_and_share_an_identifier_are_both_named(make_codemode):
+    missing = {"command": "/nonexistent/mcp-server"}
+    cm = make_codemode({"workers": 1, "mcpServers": {"chrome-devtools": missing, "chrome_devtools": missing}})
+    reasons = cm.load_mcp_tools()
+    assert set(reasons) == {"chrome-devtools", "chrome_devtools"} and all(reasons.values())
+    s = cm.session()
+    assert value(s, "return Object.keys(MCP)") == ["chromeDevtools", "chromeDevtools_2"]
+    assert "'chrome-devtools'" in failure(s, "return await MCP.chromeDevtools.navigate({})")
+    assert "'chrome_devtools'" in failure(s, "return await MCP.chromeDevtools_2.prompts.list()")
+    index = value(s, "return await API.read('mcp/index.d.ts')")
+    assert '/** server "chrome_devtools" is unavailable: ' in index
