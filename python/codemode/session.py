@@ -315,6 +315,7 @@ class CodeMode:
         mcp = self._mcp
         if mcp is None:
             return
+        loop = mcp.event_loop()  # (started here, not under the lock its listings take)
         waited: dict[str, concurrent.futures.Future[None]] = {}
         with self._mcp_lock:
             now = time.monotonic()
@@ -323,7 +324,7 @@ class CodeMode:
                     first = server not in self._mcp_loaded
                     if first:
                         self._registry.set_mcp_server(server, None, f"MCP server {server!r} is still starting")
-                    listing = asyncio.run_coroutine_threadsafe(self._list_server(mcp, server), mcp.event_loop())
+                    listing = asyncio.run_coroutine_threadsafe(self._list_server(mcp, server), loop)
                     self._mcp_listing[server] = listing
                     if first or wait_s is None:
                         waited[server] = listing
