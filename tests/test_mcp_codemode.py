@@ -1,18 +1,26 @@
 """MCP servers nobody here wrote, seen from a cell: `MCP.*`, `API`, `$api`, resources, prompts;
+identifiers and their collisions, the policy path of `MCP.*` calls, a server killed mid-call;
 and `codemode serve` driven by the `mcp` SDK's own client."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
+import codemode
 import pytest
 from codemode import CodeMode
+from codemode.mcp import McpServers
+from codemode.policy import Block, Rewrite, ToolCallEvent
 from mcp import Client, StdioServerParameters
-from mcp_servers import everything_server, time_server
+from mcp_servers import everything_server, read_pid, time_server, wait_gone, with_pidfile
+
+TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +44,18 @@ def value(session, code: str) -> Any:
     result = session.exec({"code": code})
     assert result["status"] == "completed", result
     return result["value"]
+
+
+def guest_error(session, call: str) -> str:
+    """The message of the error ``await <call>`` throws in the cell (fails if it does not throw)."""
+    out = value(session, f"try {{ await {call}; return null }} catch (e) {{ return String(e.message) }}")
+    assert out is not None, f"{call} did not throw"
+    return out
+
+
+def sum_text(session, a: int, b: int) -> str:
+    """What server-everything's ``get-sum`` answers through ``MCP.everything.getSum``."""
+    return value(session, f"return (await MCP.everything.getSum({{a: {a}, b: {b}}})).content[0].text")
 
 
 def test_mcp_tools_are_in_the_run_catalog_but_not_in_all_tools(mcm, ms):
@@ -176,3 +196,380 @@ def test_codemode_serve_over_streamable_http_on_localhost(tmp_path: Path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+# ---- identifiers: camelCase and visible collision suffixes (MCP tools registered directly) -------
+
+#: (server, tool) pairs whose names are the point; no server runs behind them.
+NAMED_MCP_TOOLS = [
+    ("github", "create_issue"),
+    ("chrome-devtools", "take_screenshot"),
+    ("chrome_devtools", "take_screenshot"),  # the same server identifier as chrome-devtools
+    ("demo", "get-sum"),
+    ("demo", "get_sum"),  # the same tool identifier as get-sum
+    ("demo", "resources"),  # named like members every server object has
+    ("demo", "prompts"),
+]
+SERVER_MEMBERS = ["$api", "prompts", "resources"]
+
+
+def answers(server: str, name: str):
+    """A tool that says which (server, tool) it is, to show which one an identifier reached."""
+
+    def tool(**_: Any) -> str:
+        return f"{server}/{name}"
+
+    return tool
+
+
+@pytest.fixture(scope="module")
+def named():
+    with CodeMode({"workers": 1, "timeoutMs": 5000}) as cm:
+        for server, name in NAMED_MCP_TOOLS:
+            cm.add_tool(
+                answers(server, name),
+                name=name,
+                owner=server,
+                source="mcp",
+                description=f"{name} of {server}.",
+                input_schema={"type": "object", "properties": {"n": {"type": "number"}}},
+            )
+        yield cm.session("named")
+
+
+def test_server_and_tool_names_become_camel_case_identifiers(named):
+    assert sorted(value(named, "return Object.keys(MCP)")) == ["chromeDevtools", "chromeDevtools_2", "demo", "github"]
+    assert sorted(value(named, "return Object.keys(MCP.github)")) == sorted(["createIssue", *SERVER_MEMBERS])
+    assert sorted(value(named, "return Object.keys(MCP.chromeDevtools)")) == sorted(["takeScreenshot", *SERVER_MEMBERS])
+
+
+def test_colliding_identifiers_get_visible_numeric_suffixes_and_members_keep_their_meaning(named):
+    keys = sorted(value(named, "return Object.keys(MCP.demo)"))
+    assert keys == ["$api", "getSum", "getSum_2", "prompts", "prompts_2", "resources", "resources_2"]
+    members = "return [typeof MCP.demo.$api, typeof MCP.demo.resources.read, typeof MCP.demo.prompts.get]"
+    assert value(named, members) == ["function", "function", "function"]
+
+
+@pytest.mark.parametrize(
+    ("call", "reached"),
+    [
+        ("MCP.github.createIssue", "github/create_issue"),
+        ("MCP.chromeDevtools.takeScreenshot", "chrome-devtools/take_screenshot"),
+        ("MCP.chromeDevtools_2.takeScreenshot", "chrome_devtools/take_screenshot"),
+        ("MCP.demo.getSum", "demo/get-sum"),
+        ("MCP.demo.getSum_2", "demo/get_sum"),
+        ("MCP.demo.resources_2", "demo/resources"),
+        ("MCP.demo.prompts_2", "demo/prompts"),
+    ],
+)
+def test_each_identifier_calls_the_tool_it_was_given_to(named, call, reached):
+    assert value(named, f"return await {call}({{n: 1}})") == reached
+
+
+def test_declarations_name_both_the_identifier_and_the_original_name(named):
+    index = value(named, "return await API.read('mcp/index.d.ts')")
+    for server, ident in [("chrome-devtools", "chromeDevtools"), ("chrome_devtools", "chromeDevtools_2")]:
+        entry = f'  /** server "{server}": 1 tool(s); see mcp/{server}.d.ts */\n  {ident}: typeof MCP.{ident};\n'
+        assert entry in index
+    second = value(named, "return await API.read('mcp/chrome_devtools.d.ts')")
+    assert (
+        '/** MCP server "chrome_devtools" (`MCP.chromeDevtools_2`). */\ndeclare namespace MCP.chromeDevtools_2 {\n'
+        in second
+    )
+    demo = value(named, "return await API.read('mcp/demo.d.ts')")
+    for name, ident in [("get-sum", "getSum"), ("get_sum", "getSum_2"), ("resources", "resources_2")]:
+        declared = (
+            f'  // MCP tool name: "{name}"\n  function {ident}(input: {{ n?: number }}): Promise<McpToolResult>;\n'
+        )
+        assert declared in demo
+    github = value(named, "return await API.read('mcp/github.d.ts')")
+    assert '  // MCP tool name: "create_issue"\n  function createIssue(input: { n?: number })' in github
+
+
+def test_dollar_api_finds_a_suffixed_tool_by_identifier_or_by_original_name(named):
+    by_ident = value(named, "return await MCP.demo.$api('getSum_2')")
+    assert by_ident == value(named, "return await MCP.demo.$api('get_sum')")
+    assert by_ident["server"] == "demo"
+    assert by_ident["tool"] == "get_sum"
+    assert by_ident["declaration"].endswith(
+        '// MCP tool name: "get_sum"\nfunction getSum_2(input: { n?: number }): Promise<McpToolResult>;'
+    )
+    assert value(named, "return (await MCP.demo.$api('getSum')).tool") == "get-sum"
+    whole = value(named, "return await MCP.chromeDevtools_2.$api()")
+    assert whole == {
+        "server": "chrome_devtools",
+        "declaration": value(named, "return API.read('mcp/chrome_devtools.d.ts')"),
+    }
+
+
+def test_exec_description_names_mcp_servers_by_their_identifiers(named):
+    servers = "MCP servers (tools): MCP.chromeDevtools (1), MCP.chromeDevtools_2 (1), MCP.demo (4), MCP.github (1)."
+    assert servers in named.codemode.exec_description()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="load_mcp_tools registers MCP tools with define_tool, whose name rule ^[A-Za-z_][A-Za-z0-9_.-]{0,127}$ "
+    "refuses names the MCP spec allows (a leading digit); the ToolDefinitionError escapes exec, and every later "
+    "exec raises 'a tool with id ... is already registered'",
+)
+def test_a_real_tool_name_with_a_leading_digit_gets_an_identifier_and_the_host_keeps_working(make_codemode):
+    server = {"command": sys.executable, "args": [str(TESTS / "mcp_named_server.py"), "get-sum", "2fa-code"]}
+    s = make_codemode({"workers": 1, "timeoutMs": 20_000, "mcpServers": {"named": server}}).session()
+    assert sorted(value(s, "return Object.keys(MCP.named)")) == ["$api", "_2faCode", "getSum", "prompts", "resources"]
+    assert value(s, "return (await MCP.named._2faCode()).content[0].text") == "2fa-code"
+
+
+# ---- the policy path of MCP.* calls ---------------------------------------------------------------
+
+MCP_EVENTS: list[ToolCallEvent] = []
+
+
+def mcp_hook(event: ToolCallEvent) -> Block | Rewrite | None:
+    MCP_EVENTS.append(event)
+    if event.input == {"a": 13, "b": 1}:
+        return Block("13 is unlucky")
+    if event.input == {"a": 1, "b": 1}:
+        return Rewrite({"a": 100, "b": 200})
+    return None
+
+
+def mcp_approve(event: ToolCallEvent) -> bool:
+    return event.input != {"a": 7, "b": 1}
+
+
+@pytest.fixture(scope="module")
+def policed():
+    config = {"workers": 1, "timeoutMs": 20_000, "mcpServers": {"everything": everything_server()}}
+    with CodeMode(config, before_tool_call=mcp_hook, approve=mcp_approve) as cm:
+        yield cm.session("policed")
+
+
+def test_hook_sees_an_mcp_call_under_its_exact_catalog_id(policed):
+    MCP_EVENTS.clear()
+    assert sum_text(policed, 2, 3) == "The sum of 2 and 3 is 5."
+    (event,) = MCP_EVENTS
+    assert (event.tool_id, event.name, event.source, event.owner) == (
+        "mcp:everything:get-sum",
+        "get-sum",
+        "mcp",
+        "everything",
+    )
+    assert event.input == {"a": 2, "b": 3}
+
+
+def test_hook_block_stops_an_mcp_call_with_a_catchable_error(policed):
+    message = guest_error(policed, "MCP.everything.getSum({a: 13, b: 1})")
+    assert message == "tool mcp:everything:get-sum: tool call blocked: 13 is unlucky"
+
+
+def test_hook_rewrite_replaces_the_input_the_mcp_server_gets(policed):
+    assert sum_text(policed, 1, 1) == "The sum of 100 and 200 is 300."
+
+
+def test_approval_refusal_stops_an_mcp_call(policed):
+    message = guest_error(policed, "MCP.everything.getSum({a: 7, b: 1})")
+    assert message == "tool mcp:everything:get-sum: tool call blocked: not approved"
+
+
+def test_denied_mcp_tool_and_server_are_gone_like_ones_that_never_existed(make_codemode):
+    events: list[ToolCallEvent] = []
+    config = {
+        "workers": 1,
+        "timeoutMs": 20_000,
+        "mcpServers": {"everything": everything_server(), "time": time_server()},
+    }
+    cm = make_codemode(config, deny=["mcp:everything:get-sum"], before_tool_call=events.append)
+    s = cm.session("denied")
+    keys = value(s, "return Object.keys(MCP.everything)")
+    assert "echo" in keys
+    assert "getSum" not in keys
+    call = "try {{ await MCP.everything.{}({{a: 2, b: 3}}); return 'ran' }} catch (e) {{ return [e.name, e.message] }}"
+    denied = value(s, call.format("getSum"))
+    assert denied == value(s, call.format("neverExisted"))
+    assert denied[0] == "TypeError"
+    assert guest_error(s, "MCP.everything.$api('get-sum')") == 'unknown MCP tool "get-sum" on server "everything"'
+    assert "get-sum" not in value(s, "return API.read('mcp/everything.d.ts')")
+    unknown = "unknown tool: mcp:everything:get-sum"
+    assert s.handle("tool_call", {"id": "mcp:everything:get-sum", "args": {"a": 2, "b": 3}})["error"] == unknown
+    assert events == []
+
+    cm.set_policy(deny=["mcp:everything:*"])
+    assert value(s, "return Object.keys(MCP)") == ["time"]
+    assert value(s, "return (await API.list('mcp')).map(f => f.path)") == ["mcp/index.d.ts", "mcp/time.d.ts"]
+    assert guest_error(s, "API.read('mcp/everything.d.ts')") == 'unknown API path "mcp/everything.d.ts"'
+    assert '"everything"' not in value(s, "return API.read('mcp/index.d.ts')")
+
+
+# ---- MCP entries carry no trusted hints ------------------------------------------------------------
+
+
+def test_mcp_entry_has_unknown_input_and_no_output_hint_though_the_server_declares_an_output_schema(mcm, ms):
+    with McpServers({"time": time_server()}) as direct:
+        (listed,) = [t for t in direct.list_tools("time") if t.name == "get_current_time"]
+    assert listed.output_schema is not None
+    assert "day_of_week" in listed.output_schema["properties"]
+
+    tool = mcm.catalog().tools["mcp:time:get_current_time"]
+    assert (tool.input_hint, tool.output_hint, tool.output_schema, tool.check_output) == ("unknown", None, None, None)
+    entry = tool.entry()
+    assert entry["input"] == "unknown"
+    assert "output" not in entry
+    assert "outputSchema" not in entry
+    described = ms.handle("tool_describe", {"id": "mcp:time:get_current_time"})
+    assert described["input"] == "unknown"
+    assert "output" not in described
+    assert "outputSchema" not in described
+    assert described["parameters"] == listed.input_schema
+    (hit,) = [r for r in ms.handle("tool_search", {"query": "current time"})["results"] if r["name"] == tool.name]
+    assert hit["input"] == "unknown"
+    assert "output" not in hit
+    header = value(ms, "return await MCP.time.$api('get_current_time', {schema: true})")
+    assert header["declaration"].endswith(
+        "function getCurrentTime(input: { timezone: string }): Promise<McpToolResult>;"
+    )
+    assert header["schema"] == listed.input_schema
+    assert "day_of_week" not in value(ms, "return API.read('mcp/time.d.ts')")
+
+
+# ---- the declaration files of real servers ------------------------------------------------------
+
+
+def test_server_declaration_has_jsdoc_typed_input_and_the_mcp_tool_result_type(ms):
+    declaration = value(ms, "return await API.read('mcp/everything.d.ts')")
+    assert declaration.startswith(
+        "type McpToolResult = {\n  content?: unknown[];\n  structuredContent?: unknown;\n  isError?: boolean;\n"
+    )
+    get_sum = (
+        "  /**\n"
+        "   * Returns the sum of two numbers\n"
+        "   * @param a First number\n"
+        "   * @param b Second number\n"
+        "   */\n"
+        '  // MCP tool name: "get-sum"\n'
+        "  function getSum(input: { a: number; b: number }): Promise<McpToolResult>;\n"
+    )
+    assert get_sum in declaration
+    assert "  function echo(input: { message: string }): Promise<McpToolResult>;\n" in declaration
+    long_running = "function triggerLongRunningOperation(input: { duration?: number; steps?: number })"
+    assert long_running in declaration
+
+
+def test_index_declaration_lists_every_visible_server_with_its_tool_count(mcm, ms):
+    index = value(ms, "return await API.read('mcp/index.d.ts')")
+    assert "declare const MCP: {\n" in index
+    counts = {"everything": 0, "time": 0}
+    for tool in mcm.catalog().tools.values():
+        counts[tool.owner] += 1
+    assert counts == {"everything": 13, "time": 2}
+    for server, n in counts.items():
+        assert (
+            f'  /** server "{server}": {n} tool(s); see mcp/{server}.d.ts */\n  {server}: typeof MCP.{server};\n'
+            in index
+        )
+
+
+# ---- servers added at runtime, and killed mid-call ---------------------------------------------
+
+
+def test_mcp_server_added_at_runtime_is_in_the_next_exec(make_codemode):
+    cm = make_codemode({"workers": 1, "timeoutMs": 20_000})
+    s = cm.session()
+    assert value(s, "return Object.keys(MCP)") == []
+    cm.add_mcp_server("time", time_server())
+    assert value(s, "return Object.keys(MCP)") == ["time"]
+    cm.add_mcp_server("everything", everything_server())
+    assert sorted(value(s, "return Object.keys(MCP)")) == ["everything", "time"]
+    assert sum_text(s, 2, 3) == "The sum of 2 and 3 is 5."
+    assert "mcp:everything:get-sum" in cm.catalog().tools
+
+
+def test_server_killed_mid_call_fails_that_call_in_the_cell_and_the_next_cell_reconnects(make_codemode, tmp_path):
+    pidfile = tmp_path / "everything.pid"
+    servers = {"everything": with_pidfile(everything_server(), pidfile)}
+    s = make_codemode({"workers": 1, "timeoutMs": 20_000, "mcpServers": servers}).session("killed")
+    # The sum is asked after the slow call, on the same connection: once it is answered, the
+    # server has the slow call. The cell then hands control back while the slow call runs; if
+    # the kill came before the slow call reached the server, the call would reconnect and
+    # outlive the run's timeout instead of failing.
+    cell = """
+        const slow = MCP.everything.triggerLongRunningOperation({duration: 600, steps: 1})
+            .then(r => 'completed: ' + JSON.stringify(r), e => e.message);
+        const sum = await MCP.everything.getSum({a: 2, b: 3});
+        await yield_control('kill the server');
+        return [sum.content[0].text, await slow];
+    """
+    first = s.exec({"code": cell})
+    assert first["status"] == "waiting", first
+    pid = read_pid(pidfile)
+    os.kill(pid, signal.SIGKILL)
+    wait_gone(pid)
+
+    done = s.wait({"runId": first["runId"]})
+    assert done["status"] == "completed", done
+    summed, slow = done["value"]
+    assert summed == "The sum of 2 and 3 is 5."
+    assert slow.startswith(
+        "tool mcp:everything:trigger-long-running-operation failed: McpServerError: MCP server 'everything' is "
+        "unavailable: the connection was lost during tools/call 'trigger-long-running-operation'"
+    )
+    assert "not retried because it may have run" in slow
+
+    assert sum_text(s, 4, 5) == "The sum of 4 and 5 is 9."
+    assert read_pid(pidfile) != pid
+    assert value(s, "return 40 + 2") == 42
+
+
+# ---- codemode serve: --tools and wait ------------------------------------------------------------
+
+
+def serve_params(*args: str) -> StdioServerParameters:
+    """``codemode serve`` over stdio, importing the codemode under test and this directory's modules."""
+    path = os.pathsep.join([str(TESTS), str(Path(codemode.__file__).resolve().parents[1])])
+    return StdioServerParameters(
+        command=sys.executable, args=["-m", "codemode.cli", "serve", *args], env={"PYTHONPATH": path}
+    )
+
+
+def decoded(called: Any) -> dict[str, Any]:
+    """The codemode result a ``call_tool`` of ``exec`` or ``wait`` carries as JSON text."""
+    result: dict[str, Any] = json.loads("".join(getattr(block, "text", "") for block in called.content))
+    return result
+
+
+def test_codemode_serve_registers_python_tools_given_with_tools_module_attr():
+    cell = (
+        "return [await tools.shipping_quote({tons: 2}),"
+        " await tools.callValue('host:freight:tariff_zone', {port: 'Kiel'})]"
+    )
+
+    async def session() -> tuple[str, dict[str, Any]]:
+        params = serve_params("--tools", "serve_tools:TOOLS", "--tools", "serve_tools:register")
+        async with Client(params) as client:
+            listed = await client.list_tools()
+            description = next(t.description or "" for t in listed.tools if t.name == "exec")
+            return description, decoded(await client.call_tool("exec", {"code": cell}))
+
+    description, result = asyncio.run(session())
+    assert result["status"] == "completed", result
+    assert result["value"] == [25, "zone of Kiel: B"]
+    assert "host:core:shipping_quote" in description
+    assert "host:freight:tariff_zone" in description
+
+
+def test_codemode_serve_wait_resumes_a_run_that_yielded():
+    async def session() -> tuple[dict[str, Any], dict[str, Any] | None]:
+        async with Client(serve_params()) as client:
+            first = decoded(
+                await client.call_tool("exec", {"code": "await yield_control('check in'); return 'resumed'"})
+            )
+            if first.get("status") != "waiting":
+                return first, None
+            return first, decoded(await client.call_tool("wait", {"runId": first["runId"]}))
+
+    first, done = asyncio.run(session())
+    assert first["status"] == "waiting", first
+    assert first["reason"] == "yield"
+    assert done is not None
+    assert done["status"] == "completed", done
+    assert done["value"] == "resumed"
