@@ -307,12 +307,6 @@ def test_exec_description_names_mcp_servers_by_their_identifiers(named):
     assert servers in named.codemode.exec_description()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="load_mcp_tools registers MCP tools with define_tool, whose name rule ^[A-Za-z_][A-Za-z0-9_.-]{0,127}$ "
-    "refuses names the MCP spec allows (a leading digit); the ToolDefinitionError escapes exec, and every later "
-    "exec raises 'a tool with id ... is already registered'",
-)
 def test_a_real_tool_name_with_a_leading_digit_gets_an_identifier_and_the_host_keeps_working(make_codemode):
     server = {"command": sys.executable, "args": [str(TESTS / "mcp_named_server.py"), "get-sum", "2fa-code"]}
     s = make_codemode({"workers": 1, "timeoutMs": 20_000, "mcpServers": {"named": server}}).session()
