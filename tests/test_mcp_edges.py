@@ -143,3 +143,14 @@ def test_servers_that_cannot_start_and_share_an_identifier_are_both_named(make_c
     assert "'chrome_devtools'" in failure(s, "return await MCP.chromeDevtools_2.prompts.list()")
     index = value(s, "return await API.read('mcp/index.d.ts')")
     assert '/** server "chrome_devtools" is unavailable: ' in index
+
+
+def test_a_server_named_index_does_not_replace_the_index_file(make_codemode):
+    cm = make_codemode({"workers": 1, "mcpServers": {"index": odd_server("--docs-only")}})
+    assert cm.load_mcp_tools() == {"index": None}
+    s = cm.session()
+    assert [f["path"] for f in value(s, "return await API.list()")] == ["mcp/index.d.ts", "mcp/index_2.d.ts"]
+    assert "declare const MCP: {" in value(s, "return await API.read('mcp/index.d.ts')")
+    own = value(s, "return await API.read('mcp/index_2.d.ts')")
+    assert "declare namespace MCP.index {" in own
+    assert value(s, "return (await MCP.index.$api()).declaration") == own

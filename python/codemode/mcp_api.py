@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from .catalog import input_hint
 
-__all__ = ["McpNames", "api_path", "camel_ident", "declarations", "mcp_names", "tool_declaration"]
+__all__ = ["McpNames", "camel_ident", "declarations", "mcp_names", "tool_declaration"]
 
 _WORD = re.compile(r"[A-Za-z0-9]+")
 _RESERVED_MEMBERS = frozenset({"$api", "resources", "prompts"})
@@ -57,11 +57,13 @@ def _unique(ident: str, taken: set[str]) -> str:
 
 
 class McpNames:
-    """Identifiers for servers (``server -> ident``) and tools (``tool id -> ident``)."""
+    """Identifiers for servers (``server -> ident``) and tools (``tool id -> ident``), and each
+    server's declaration file (``server -> path``)."""
 
-    def __init__(self, servers: dict[str, str], tools: dict[str, str]) -> None:
+    def __init__(self, servers: dict[str, str], tools: dict[str, str], paths: dict[str, str]) -> None:
         self.servers = servers
         self.tools = tools
+        self.paths = paths
 
 
 def mcp_names(tools: Iterable[_McpTool], servers: Iterable[str] = ()) -> McpNames:
@@ -80,16 +82,27 @@ def mcp_names(tools: Iterable[_McpTool], servers: Iterable[str] = ()) -> McpName
     for server in servers:
         if server not in idents:
             idents[server] = _unique(camel_ident(server), server_taken)
-    return McpNames(idents, tool_idents)
+    paths_taken = {INDEX_PATH}
+    paths = {server: _api_path(server, ident, paths_taken) for server, ident in idents.items()}
+    return McpNames(idents, tool_idents, paths)
 
 
+INDEX_PATH = "mcp/index.d.ts"
 _PATH_SAFE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")
 
 
-def api_path(server: str, ident: str) -> str:
-    """The server's declaration file: ``mcp/<server>.d.ts``, or ``mcp/<ident>.d.ts`` when the
-    server's name would not make one path segment (``/``, spaces, a leading dot)."""
-    return f"mcp/{server if _PATH_SAFE.match(server) else ident}.d.ts"
+def _api_path(server: str, ident: str, taken: set[str]) -> str:
+    """The server's declaration file: ``mcp/<server>.d.ts``; ``mcp/<ident>.d.ts`` when the name
+    would not make one path segment (``/``, spaces, a leading dot) or its file is taken (a server
+    named ``index``); identifiers are unique, so that one is free unless a server is named so."""
+    for name in (server, ident) if _PATH_SAFE.match(server) else (ident,):
+        path = f"mcp/{name}.d.ts"
+        if path not in taken:
+            taken.add(path)
+            return path
+    path = f"mcp/{_unique(ident, {p[4:-5] for p in taken})}.d.ts"
+    taken.add(path)
+    return path
 
 
 def _safe_comment(text: str) -> str:
@@ -152,7 +165,7 @@ def declarations(
     index = [HEADER, "/** MCP servers visible to this run: `MCP.<server>.<tool>(input)`. */", "declare const MCP: {"]
     for server, items in by_server.items():
         ident = names.servers[server]
-        path = api_path(server, ident)
+        path = names.paths[server]
         label = _safe_comment(json.dumps(server))
         index.append(f"  /** server {label}: {len(items)} tool(s); see {path} */")
         index.append(f"  {ident}: typeof MCP.{ident};")
@@ -174,5 +187,5 @@ def declarations(
         index.append(f"  /** server {_safe_comment(json.dumps(server))} is unavailable: {why} */")
         index.append(f"  {ident}: unknown;")
     index.append("};")
-    files["mcp/index.d.ts"] = "\n".join(index) + "\n"
+    files[INDEX_PATH] = "\n".join(index) + "\n"
     return files

@@ -27,7 +27,7 @@ import msgspec
 
 from . import catalog
 from .errors import ToolDefinitionError
-from .mcp_api import api_path, declarations, mcp_names, tool_declaration
+from .mcp_api import declarations, mcp_names, tool_declaration
 from .namespaces import CallTable
 from .policy import Approver, Block, Hook, HookResult, Policy, Rewrite, ToolCallEvent, Trace, TraceEvent
 
@@ -261,7 +261,7 @@ class ToolRegistry:
                 entries.append(entry)
             servers: dict[str, dict[str, str]] = {}
             for server, ident in names.servers.items():
-                servers[server] = {"ident": ident, "path": api_path(server, ident)}
+                servers[server] = {"ident": ident, "path": names.paths[server]}
                 if server in unavailable:
                     servers[server]["reason"] = unavailable[server]
             api = declarations(mcp, names, toolless, unavailable) if servers else {}
