@@ -65,6 +65,8 @@ LIKELY_SCHEMAS = 3
 TOOL_SEARCH_CODE_MIN_TIMEOUT_MS = 1000
 #: How long an unreachable MCP server is left alone before an exec tries to list it again.
 MCP_RETRY_S = 10.0
+#: What ``load_mcp_tools`` reports for a server whose config entry says ``"disabled": true``.
+MCP_DISABLED = 'disabled in its config ("disabled": true); not started'
 
 EXEC_PREAMBLE = """Run a JavaScript or TypeScript cell (an async function body: top-level await and return) \
 against the hidden tool catalog. In the cell: `await tools.search(query, {limit})` -> compact entries; \
@@ -241,6 +243,15 @@ class CodeMode:
         store: Store | str | os.PathLike[str] | None = None,
     ) -> None:
         self.config = load_config(config)
+        self._mcp: McpServers | None = None
+        #: MCP servers whose tools are in the registry (or that failed to list: name -> error).
+        self._mcp_loaded: dict[str, str | None] = {}
+        self._mcp_failed_at: dict[str, float] = {}
+        self._mcp_lock = threading.Lock()
+        # Before anything starts (worker processes, threads): a malformed entry then fails this
+        # constructor with nothing left running.
+        for name, server in self.config.mcp_servers.items():
+            self.add_mcp_server(name, server)
         #: Where `store`/`load` values live: SQLite (a path; in memory by default) or PostgreSQL (a DSN).
         self._store: Store = open_store(store) if store is None or isinstance(store, (str, os.PathLike)) else store
         #: A private in-memory store has no other writer: its snapshots are served from here
@@ -265,18 +276,12 @@ class CodeMode:
         self._advancer: concurrent.futures.ThreadPoolExecutor | None = None
         self._advancer_lock = threading.Lock()
         self._host_catalog: tuple[str, Catalog] | None = None
-        self._mcp: McpServers | None = None
-        #: MCP servers whose tools are in the registry (or that failed to list: name -> error).
-        self._mcp_loaded: dict[str, str | None] = {}
-        self._mcp_failed_at: dict[str, float] = {}
-        self._mcp_lock = threading.Lock()
-        for name, server in self.config.mcp_servers.items():
-            self.add_mcp_server(name, server)
 
     # ---- MCP -----------------------------------------------------------------------------------
     def add_mcp_server(self, name: str, config: Mapping[str, Any]) -> None:
-        """Adds an MCP server (``{"command", "args", "env"}`` or ``{"url", "headers"}``); its tools
-        join the catalog on the next exec (or ``load_mcp_tools()``)."""
+        """Adds an MCP server (``{"command", "args", "env"}`` or ``{"url", "headers"}``, as MCP
+        clients write them; see ``codemode.mcp.parse_server_config``); its tools join the catalog
+        on the next exec (or ``load_mcp_tools()``), unless the entry says ``"disabled": true``."""
         from .mcp import McpServers
 
         with self._mcp_lock:
@@ -287,7 +292,8 @@ class CodeMode:
 
     def load_mcp_tools(self) -> dict[str, str | None]:
         """Connects to MCP servers not yet listed and registers their tools. Returns, per server,
-        None or why it could not be reached (its tools are then absent; other servers work)."""
+        None or why its tools are absent: it could not be reached (other servers still work), or
+        its config disables it (it is not started)."""
         mcp = self._mcp
         if mcp is None:
             return {}
@@ -321,7 +327,7 @@ class CodeMode:
                         )
                     )
                 self._mcp_loaded[server] = None
-            return dict(self._mcp_loaded)
+            return self._mcp_loaded | dict.fromkeys(mcp.disabled_names(), MCP_DISABLED)
 
     def _mcp_stale(self) -> bool:
         """Servers never listed, or failed long enough ago to try again."""
