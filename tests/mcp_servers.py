@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 import pytest
 
@@ -111,14 +111,21 @@ def _free_port() -> int:
         return port
 
 
+#: server-everything's network transports, and the path each one serves MCP on.
+_EVERYTHING_PATHS = {"streamableHttp": "/mcp", "sse": "/sse"}
+
+
 @contextmanager
-def everything_http(timeout_s: float = 20.0) -> Iterator[str]:
-    """Runs server-everything's streamable HTTP transport on a free port; yields its URL."""
+def everything_http(
+    transport: Literal["streamableHttp", "sse"] = "streamableHttp", *, port: int | None = None, timeout_s: float = 20.0
+) -> Iterator[str]:
+    """Runs server-everything's streamable HTTP (or legacy SSE) transport on ``port`` (a free one
+    by default); yields its URL."""
     node = _node()
-    port = _free_port()
+    port = _free_port() if port is None else port
     env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", ""), "PORT": str(port)}
     process = subprocess.Popen(
-        [node, str(EVERYTHING_JS), "streamableHttp"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [node, str(EVERYTHING_JS), transport], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         deadline = time.monotonic() + timeout_s
@@ -128,9 +135,9 @@ def everything_http(timeout_s: float = 20.0) -> Iterator[str]:
                 break
             except OSError:
                 if process.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"server-everything (HTTP) did not listen on port {port}") from None
+                    raise AssertionError(f"server-everything ({transport}) did not listen on port {port}") from None
                 time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp"
+        yield f"http://127.0.0.1:{port}{_EVERYTHING_PATHS[transport]}"
     finally:
         process.kill()
         process.wait()

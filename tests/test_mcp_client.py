@@ -1,14 +1,18 @@
-"""The MCP client against real servers: listing, calls, failures, reconnects, shutdown.
+"""The MCP client against real servers: listing, calls, failures, reconnects, shutdown; and the
+server entries other MCP clients write.
 
 Servers: ``mcp-server-time`` (Python, negotiates the 2026-07-28 protocol) and
-``@modelcontextprotocol/server-everything`` (Node, 2025-11-25), over stdio and streamable HTTP.
+``@modelcontextprotocol/server-everything`` (Node, 2025-11-25), over stdio, streamable HTTP and
+the legacy SSE transport.
 See ``tests/mcp_servers.py`` for how they are found (and skipped, or failed under ``CI=true``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
+import logging
 import os
 import signal
 import sys
@@ -17,11 +21,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 import pytest
 from codemode.errors import ClosedError, ConfigError
-from codemode.mcp import McpServerError, McpServers, McpTimeoutError, parse_server_config
+from codemode.mcp import McpServerError, McpServers, McpStdioServerConfig, McpTimeoutError, parse_server_config
 from mcp_servers import everything_http, everything_server, read_pid, time_server, wait_gone, wait_until, with_pidfile
 
 EVERYTHING_TOOLS = 13
@@ -203,6 +208,56 @@ def test_streamable_http_server_with_headers() -> None:
         assert text_of(own.call_tool("web", "get-sum", {"a": 2, "b": 3})) == "The sum of 2 and 3 is 5."
 
 
+def test_sse_server_from_a_cline_entry_lists_calls_and_reads() -> None:
+    with everything_http("sse") as url:
+        entry = {
+            "url": url,
+            "transportType": "sse",
+            "headers": {"X-Codemode-Test": "1"},
+            "disabled": False,
+            "alwaysAllow": ["get-sum"],
+            "autoApprove": [],
+            "timeout": 60,
+        }
+        with McpServers({"legacy": entry}) as own:
+            assert len(own.list_tools("legacy")) == EVERYTHING_TOOLS
+            assert text_of(own.call_tool("legacy", "get-sum", {"a": 2, "b": 3})) == "The sum of 2 and 3 is 5."
+            assert own.read_resource("legacy", "demo://resource/static/document/features.md")["contents"]
+
+
+@pytest.mark.parametrize("transport", ["http", "sse"])
+def test_configured_headers_reach_the_server_on_both_http_transports(transport: str) -> None:
+    seen: list[str | None] = []
+
+    class Recorder(http.server.BaseHTTPRequestHandler):
+        """Not an MCP server: it records the header and answers 404."""
+
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("X-Codemode-Test"))
+            self.send_error(404)
+
+        do_POST = do_GET
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder) as recorder:
+        threading.Thread(target=recorder.serve_forever, daemon=True).start()
+        entry = {
+            "type": transport,
+            "url": f"http://127.0.0.1:{recorder.server_port}/mcp",
+            "headers": {"X-Codemode-Test": "yes"},
+        }
+        with (
+            McpServers({"web": entry}) as own,
+            pytest.raises(McpServerError, match=r"^MCP server 'web' is unavailable"),
+        ):
+            own.list_tools("web")
+        recorder.shutdown()
+    assert seen
+    assert set(seen) == {"yes"}
+
+
 # -- timeouts --------------------------------------------------------------------------------
 
 
@@ -296,12 +351,24 @@ def test_server_that_exits_during_the_handshake_is_unavailable() -> None:
             own.list_tools("quits")
 
 
-def test_unreachable_http_server_is_unavailable() -> None:
-    with everything_http() as url:
+@pytest.mark.parametrize(("transport", "type_"), [("streamableHttp", "http"), ("sse", "sse")])
+def test_unreachable_http_server_is_unavailable(transport: Any, type_: str) -> None:
+    with everything_http(transport) as url:
         pass  # the server is stopped again: nothing listens on the port now
-    with McpServers({"web": {"url": url}}) as own:
+    with McpServers({"web": {"url": url, "type": type_}}) as own:
         with pytest.raises(McpServerError, match=r"^MCP server 'web' is unavailable: could not start or reach it"):
             own.list_tools("web")
+
+
+def test_sse_server_restarted_while_idle_is_reconnected_on_the_next_call() -> None:
+    with McpServers() as own:
+        with everything_http("sse") as url:
+            own.add("legacy", {"type": "sse", "url": url})
+            own.connect("legacy")
+        # The server is gone; an idle host sees its event stream end, as with the other transports.
+        wait_until(own._connections["legacy"]._stop.is_set, "the end of the killed SSE server's stream was never seen")
+        with everything_http("sse", port=urlsplit(url).port):
+            assert text_of(own.call_tool("legacy", "get-sum", {"a": 2, "b": 3})) == "The sum of 2 and 3 is 5."
 
 
 # -- lifecycle -------------------------------------------------------------------------------
@@ -369,6 +436,7 @@ def test_config_chooses_the_transport_from_command_or_url() -> None:
     stdio = parse_server_config("a", {"command": "srv", "args": ["--x"], "env": {"K": "V"}, "cwd": "/tmp"})
     http = parse_server_config("b", {"url": "https://example.com/mcp", "headers": {"Authorization": "Bearer t"}})
     assert msgspec.to_builtins(stdio) == {
+        "disabled": False,
         "command": "srv",
         "args": ("--x",),
         "env": {"K": "V"},
@@ -376,6 +444,7 @@ def test_config_chooses_the_transport_from_command_or_url() -> None:
         "type": "stdio",
     }
     assert msgspec.to_builtins(http) == {
+        "disabled": False,
         "url": "https://example.com/mcp",
         "headers": {"Authorization": "Bearer t"},
         "type": "http",
@@ -383,16 +452,93 @@ def test_config_chooses_the_transport_from_command_or_url() -> None:
 
 
 @pytest.mark.parametrize(
+    ("entry", "transport", "target"),
+    [
+        # Claude Desktop
+        ({"command": "npx", "args": ["-y", "@modelcontextprotocol/server-memory"], "env": {"K": "V"}}, "stdio", "npx"),
+        # Cline: its own approval keys and transportType
+        (
+            {
+                "command": "node",
+                "args": ["/srv/index.js"],
+                "disabled": False,
+                "alwaysAllow": ["x"],
+                "autoApprove": [],
+                "timeout": 60,
+                "transportType": "stdio",
+            },
+            "stdio",
+            "node",
+        ),
+        ({"url": "https://h.example/mcp", "transportType": "streamableHttp"}, "http", "https://h.example/mcp"),
+        # VS Code (servers / .mcp.json) and Claude Code
+        ({"type": "stdio", "command": "uvx", "envFile": "${workspaceFolder}/.env"}, "stdio", "uvx"),
+        ({"type": "sse", "url": "http://h.example/sse"}, "sse", "http://h.example/sse"),
+        ({"type": "http", "url": "https://h.example/mcp", "headers": {"A": "b"}}, "http", "https://h.example/mcp"),
+        # Cursor: a bare url; its /sse path means SSE
+        ({"url": "http://localhost:8000/sse"}, "sse", "http://localhost:8000/sse"),
+        ({"url": "http://localhost:8000/mcp"}, "http", "http://localhost:8000/mcp"),
+        ({"type": "http", "url": "http://localhost:8000/sse"}, "http", "http://localhost:8000/sse"),
+        # Windsurf's serverUrl; Kilo Code's streamable-http; a description
+        ({"serverUrl": "https://h.example/mcp"}, "http", "https://h.example/mcp"),
+        ({"type": "streamable-http", "url": "https://h.example/mcp"}, "http", "https://h.example/mcp"),
+        ({"command": "srv", "description": "my server"}, "stdio", "srv"),
+    ],
+)
+def test_entries_other_clients_write_are_accepted(entry: dict[str, Any], transport: str, target: str) -> None:
+    parsed = parse_server_config("x", entry)
+    assert parsed.type == transport
+    assert (parsed.command if isinstance(parsed, McpStdioServerConfig) else parsed.url) == target
+
+
+def test_unused_keys_get_one_warning_per_server_and_ui_keys_none(caplog: pytest.LogCaptureFixture) -> None:
+    cline = {"command": "node", "alwaysAllow": ["x"], "autoApprove": [], "timeout": 60, "envFile": ".env", "arg": []}
+    with caplog.at_level(logging.WARNING, logger="codemode.mcp"):
+        parse_server_config("cline", cline)
+        parse_server_config("quiet", {"command": "node", "alwaysAllow": [], "trust": True, "description": "d"})
+
+    assert [record.getMessage() for record in caplog.records] == [
+        "MCP server 'cline': ignoring keys codemode does not use: 'arg', 'envFile', 'timeout'"
+    ]
+
+
+def test_disabled_server_is_kept_but_never_started_and_calls_say_so(tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    entry = {"command": "/bin/sh", "args": ["-c", 'touch "$0"', str(marker)], "disabled": True}
+    with McpServers({"off": entry, "on": {"command": "unused"}}) as own:
+        assert own.names() == ["on"]
+        assert own.disabled_names() == ["off"]
+        with pytest.raises(ConfigError, match=r'^MCP server \'off\' is disabled in its config \("disabled": true\)$'):
+            own.connect("off")
+        with pytest.raises(ConfigError, match=r"^MCP server 'off' is disabled"):
+            own.call_tool("off", "anything", {})
+        own.remove("off")
+        assert own.disabled_names() == []
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
     ("config", "message"),
     [
         ({}, r"MCP server 'x': the config needs 'command' \(stdio\) or 'url'"),
+        ({"comand": "a", "args": []}, r"MCP server 'x': the config needs 'command' \(stdio\) or 'url'"),
         ({"command": "a", "url": "http://b"}, r"MCP server 'x': set either 'command' \(stdio\) or 'url'"),
-        ({"command": "a", "disabled": True}, r"MCP server 'x': Object contains unknown field `disabled`"),
+        ({"url": "http://b", "serverUrl": "http://b"}, r"MCP server 'x': set 'url' or 'serverUrl', not both"),
+        ({"command": "a", "disabled": "yes"}, r"MCP server 'x': Expected `bool`, got `str` - at `\$.disabled`"),
         ({"command": "a", "args": "--flag"}, r"MCP server 'x': Expected `array`, got `str` - at `\$.args`"),
         ({"command": "a", "env": {"K": 1}}, r"MCP server 'x': Expected `str`, got `int` - at `\$.env\[\.\.\.\]`"),
         ({"command": ""}, r"MCP server 'x': 'command' must not be empty"),
         ({"url": "ftp://host/mcp"}, r"MCP server 'x': 'url' must start with http:// or https://"),
-        ({"url": "http://host/mcp", "type": "sse"}, r"MCP server 'x': Invalid enum value 'sse' - at `\$.type`"),
+        (
+            {"url": "http://host/mcp", "type": "websocket"},
+            r"MCP server 'x': 'type' must be one of 'stdio', 'http', 'streamable-http', 'streamableHttp', 'sse', "
+            r"not 'websocket'",
+        ),
+        ({"command": "a", "transportType": "sse"}, r"'x': 'transportType' is 'sse', which does not go with 'command'"),
+        (
+            {"url": "http://host/mcp", "type": "stdio"},
+            r"MCP server 'x': 'type' is 'stdio', which does not go with 'url'",
+        ),
         ("node server.js", r"MCP server 'x': the config must be a dict, not str"),
     ],
 )

@@ -8,15 +8,19 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import codemode
+import codemode.session
 import pytest
 from codemode import CodeMode
+from codemode.errors import ConfigError
 from codemode.mcp import McpServers
 from codemode.policy import Block, Rewrite, ToolCallEvent
+from codemode.serve import load_servers_config
 from mcp import Client, StdioServerParameters
 from mcp_servers import everything_server, read_pid, time_server, wait_gone, with_pidfile
 
@@ -567,3 +571,50 @@ def test_codemode_serve_wait_resumes_a_run_that_yielded():
     assert done is not None
     assert done["status"] == "completed", done
     assert done["value"] == "resumed"
+
+
+def test_a_disabled_server_is_reported_never_started_and_not_shown_to_cells(make_codemode, tmp_path: Path):
+    marker = tmp_path / "started"
+    entry = {"command": "/bin/sh", "args": ["-c", 'touch "$0"', str(marker)], "disabled": True}
+    cm = make_codemode({"workers": 1, "mcpServers": {"off": entry}})
+
+    assert cm.load_mcp_tools() == {"off": 'disabled in its config ("disabled": true); not started'}
+    assert value(cm.session(), "return await API.list('mcp')") == []
+    assert not marker.exists()
+
+
+def test_a_malformed_entry_fails_codemode_before_any_worker_starts(monkeypatch: pytest.MonkeyPatch):
+    def no_workers(size: int) -> None:
+        raise AssertionError("worker processes started before the MCP entries were checked")
+
+    monkeypatch.setattr(codemode.session, "Supervisor", no_workers)
+    servers = {"good": {"command": "srv"}, "bad": {"command": "srv", "args": "--flag"}}
+    with pytest.raises(ConfigError, match=r"^MCP server 'bad': Expected `array`, got `str` - at `\$.args`$"):
+        CodeMode({"mcpServers": servers})
+
+
+def test_codemode_serve_names_the_server_and_key_of_a_malformed_entry(tmp_path: Path):
+    config = tmp_path / "servers.json"
+    config.write_text(json.dumps({"mcpServers": {"time": {"command": "x", "transportType": "websocket"}}}))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "codemode.cli", "serve", "--config", str(config)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+    assert proc.returncode == 1
+    assert proc.stderr == (
+        "codemode serve: MCP server 'time': 'transportType' must be one of 'stdio', 'http', 'streamable-http', "
+        "'streamableHttp', 'sse', not 'websocket'\n"
+    )
+
+
+def test_serve_reads_a_vs_code_mcp_json_with_servers_instead_of_mcp_servers(tmp_path: Path):
+    config = tmp_path / "mcp.json"
+    vscode = {"inputs": [], "servers": {"memory": {"type": "stdio", "command": "npx", "args": ["-y", "srv"]}}}
+    config.write_text(json.dumps(vscode))
+
+    assert load_servers_config(config) == vscode["servers"]

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .errors import ConfigError
 from .session import CodeMode
 
 __all__ = ["main"]
@@ -45,9 +46,14 @@ def _serve(args: argparse.Namespace) -> int:
     from .serve import build_server, load_servers_config
 
     config: dict[str, Any] = {"enabled": True}
-    if args.config is not None:
-        config["mcpServers"] = load_servers_config(args.config)
-    with CodeMode(config) as cm:
+    try:
+        if args.config is not None:
+            config["mcpServers"] = load_servers_config(args.config)
+        cm = CodeMode(config)
+    except ConfigError as e:
+        # A malformed file or server entry: its message names the server and the key.
+        raise SystemExit(f"codemode serve: {e}") from None
+    with cm:
         for spec in args.tools:
             _load_tools(cm, spec)
         cm.load_mcp_tools()

@@ -3,12 +3,14 @@
 The host configures servers the way MCP clients already do, one entry per name::
 
     {"time": {"command": "uvx", "args": ["mcp-server-time"], "env": {...}, "cwd": "..."},
-     "docs": {"url": "https://example.com/mcp", "headers": {"Authorization": "Bearer ..."}}}
+     "docs": {"url": "https://example.com/mcp", "headers": {"Authorization": "Bearer ..."}},
+     "old": {"type": "sse", "url": "https://example.com/sse"}}
 
 ``command`` means a stdio server (a subprocess speaking MCP on stdin/stdout), ``url`` a
-streamable HTTP server. ``McpServers`` keeps one session per server on a private event-loop
-thread: the SDK is anyio-based and a session's task groups must be entered and left by the same
-task, so each connection lives in one long-lived *holder* task while requests from any thread
+streamable HTTP server or a legacy SSE one; ``parse_server_config`` says what becomes of the keys
+other clients write. ``McpServers`` keeps one session per server on a private event-loop thread:
+the SDK is anyio-based and a session's task groups must be entered and left by the same task, so
+each connection lives in one long-lived *holder* task while requests from any thread
 (or any other event loop, via the ``a*`` twins) are scheduled onto that loop::
 
     caller thread / loop ──run_coroutine_threadsafe──> codemode-mcp loop ──> mcp.Client ──> server
@@ -39,11 +41,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mappi
 from contextlib import AsyncExitStack, asynccontextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
+from urllib.parse import urlsplit
 
 import anyio
 import httpx2
 import msgspec
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
+from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CONNECTION_CLOSED, Implementation, PaginatedResult
 from pydantic import ValidationError
@@ -85,9 +89,11 @@ DEFAULT_TIMEOUT_S = 30.0
 _CLOSE_TIMEOUT_S = 10.0
 #: A server that keeps returning a cursor is broken (or hostile); stop following it here.
 _MAX_PAGES = 1000
-#: Connect/write/pool timeouts for HTTP servers; reads stay open longer because a server may
-#: stream a response (the values the SDK itself uses). Our per-request timeout still applies.
-_HTTP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
+#: Connect/write/pool timeouts for HTTP and SSE servers; reads stay open longer because a server
+#: may stream a response (the values the SDK itself uses). Our per-request timeout still applies.
+_HTTP_TIMEOUT_S = 30.0
+_HTTP_READ_TIMEOUT_S = 300.0
+_HTTP_TIMEOUT = httpx2.Timeout(_HTTP_TIMEOUT_S, read=_HTTP_READ_TIMEOUT_S)
 #: Failures that mean the transport itself is gone, not that the server rejected a request.
 _CONNECTION_ERRORS = (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, httpx2.TransportError)
 
@@ -109,7 +115,14 @@ class McpTimeoutError(McpServerError):
     """An MCP request, or the handshake before it, did not finish within its timeout."""
 
 
-class McpStdioServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+class _McpServerEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """What every server entry may say, whatever its transport."""
+
+    #: ``true`` keeps the entry but never starts the server (Cline, Roo Code, Windsurf write it).
+    disabled: bool = False
+
+
+class McpStdioServerConfig(_McpServerEntry, frozen=True, kw_only=True):
     """A server run as a subprocess that speaks MCP on stdin/stdout.
 
     The subprocess gets the SDK's small default environment (``HOME``, ``PATH``, ``USER``...)
@@ -120,17 +133,18 @@ class McpStdioServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=Tr
     args: tuple[str, ...] = ()
     env: dict[str, str] = {}
     cwd: str | None = None
-    #: Accepted because configs copied from other MCP clients often carry it.
     type: Literal["stdio"] = "stdio"
 
 
-class McpHttpServerConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    """A server reached over streamable HTTP; ``headers`` go with every request (auth)."""
+class McpHttpServerConfig(_McpServerEntry, frozen=True, kw_only=True):
+    """A server reached over HTTP: streamable HTTP, or the legacy SSE transport (``type="sse"``).
+
+    ``headers`` go with every request (auth), on either transport.
+    """
 
     url: str
     headers: dict[str, str] = {}
-    #: The spellings other MCP clients use for streamable HTTP (SSE is not supported).
-    type: Literal["http", "streamable-http", "streamableHttp"] = "http"
+    type: Literal["http", "sse"] = "http"
 
 
 McpServerConfig = McpStdioServerConfig | McpHttpServerConfig
@@ -173,28 +187,93 @@ class McpPromptInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     arguments: tuple[McpPromptArgument, ...] = ()
 
 
+#: The transport names clients write in ``type`` (or Cline's ``transportType``).
+_TRANSPORTS: dict[str, Literal["stdio", "http", "sse"]] = {
+    "stdio": "stdio",
+    "http": "http",
+    "streamable-http": "http",
+    "streamableHttp": "http",
+    "sse": "sse",
+}
+#: Other clients' names for our keys: Windsurf's ``serverUrl``, Cline's ``transportType``.
+_ALIASES = {"serverUrl": "url", "transportType": "type"}
+#: Keys about another client's own approval prompts or display: nothing to do here.
+_UI_KEYS = frozenset({"alwaysAllow", "autoApprove", "trust", "description"})
+
+
 def parse_server_config(name: str, config: Mapping[str, Any] | McpServerConfig) -> McpServerConfig:
-    """Validates one server entry; ``command`` selects stdio and ``url`` streamable HTTP."""
+    """Validates one server entry; ``command`` selects stdio, ``url`` HTTP.
+
+    Entries copied from other MCP clients (Claude Desktop, Claude Code, Cursor, VS Code, Cline,
+    Windsurf) work as they are:
+
+    * ``type`` or ``transportType`` may name the transport: ``stdio``; ``http``,
+      ``streamable-http`` or ``streamableHttp``; ``sse``. Without one, a ``url`` whose path ends in
+      ``/sse`` means SSE (Cursor and Windsurf entries often give only such a url and let the
+      client find out) and any other ``url`` streamable HTTP. Windsurf's ``serverUrl`` is ``url``.
+    * ``disabled: true`` keeps the entry, but the server never starts (see ``McpServers.names``).
+    * Keys about the other client's own prompts and display (``alwaysAllow``, ``autoApprove``,
+      ``trust``, ``description``) are ignored.
+    * Any other key is ignored with one logged warning per entry that names the keys. Clients
+      keep adding keys of their own (Cursor's ``envFile``, VS Code's ``dev``, Claude Code's
+      ``oauth``, Gemini CLI's ``includeTools``...), and refusing them would let one copied entry
+      stop the whole host. The warning still shows a misspelt optional key or a setting that is
+      not applied here, and a misspelt ``command`` or ``url`` still fails: the entry has neither.
+    * ``timeout`` is such a key, not applied: Cline means seconds and Gemini CLI milliseconds,
+      so either reading breaks the other's entries (60 ms, or a 7-day wait). The request timeout
+      here is ``McpServers(timeout_s=...)``.
+
+    A malformed entry (a value of the wrong type, both ``command`` and ``url``, an unknown or
+    mismatched transport) is a ``ConfigError`` that names the server and the key.
+    """
     if not isinstance(name, str) or not name:
         raise ConfigError(f"an MCP server name must be a non-empty string, not {name!r}")
     if isinstance(config, McpStdioServerConfig | McpHttpServerConfig):
         parsed: McpServerConfig = config
     elif not isinstance(config, Mapping):
         raise ConfigError(f"MCP server {name!r}: the config must be a dict, not {type(config).__name__}")
-    elif "command" in config and "url" in config:
-        raise ConfigError(f"MCP server {name!r}: set either 'command' (stdio) or 'url' (streamable HTTP), not both")
-    elif "command" not in config and "url" not in config:
-        raise ConfigError(f"MCP server {name!r}: the config needs 'command' (stdio) or 'url' (streamable HTTP)")
     else:
-        kind: type[McpServerConfig] = McpStdioServerConfig if "command" in config else McpHttpServerConfig
-        try:
-            parsed = msgspec.convert(dict(config), kind)
-        except msgspec.ValidationError as e:
-            raise ConfigError(f"MCP server {name!r}: {e}") from None
+        parsed = _parse_entry(name, config)
     if isinstance(parsed, McpStdioServerConfig) and not parsed.command:
         raise ConfigError(f"MCP server {name!r}: 'command' must not be empty")
     if isinstance(parsed, McpHttpServerConfig) and not parsed.url.startswith(("http://", "https://")):
         raise ConfigError(f"MCP server {name!r}: 'url' must start with http:// or https://, got {parsed.url!r}")
+    return parsed
+
+
+def _parse_entry(name: str, config: Mapping[str, Any]) -> McpServerConfig:
+    entry = dict(config)
+    for alias, key in _ALIASES.items():
+        if alias in entry:
+            if key in entry:
+                raise ConfigError(f"MCP server {name!r}: set {key!r} or {alias!r}, not both")
+            entry[key] = entry.pop(alias)
+    if "command" in entry and "url" in entry:
+        raise ConfigError(f"MCP server {name!r}: set either 'command' (stdio) or 'url' (HTTP), not both")
+    if "command" not in entry and "url" not in entry:
+        raise ConfigError(f"MCP server {name!r}: the config needs 'command' (stdio) or 'url' (HTTP)")
+    kind: type[McpServerConfig] = McpStdioServerConfig if "command" in entry else McpHttpServerConfig
+    transport = entry.get("type")
+    if transport is None:
+        url = entry.get("url")
+        if isinstance(url, str) and urlsplit(url).path.rstrip("/").endswith("/sse"):
+            entry["type"] = "sse"
+    else:
+        type_key = "transportType" if "transportType" in config else "type"
+        if not isinstance(transport, str) or transport not in _TRANSPORTS:
+            known = ", ".join(map(repr, _TRANSPORTS))
+            raise ConfigError(f"MCP server {name!r}: {type_key!r} must be one of {known}, not {transport!r}")
+        entry["type"] = _TRANSPORTS[transport]
+        if (entry["type"] == "stdio") != (kind is McpStdioServerConfig):
+            has = "command" if kind is McpStdioServerConfig else "url"
+            raise ConfigError(f"MCP server {name!r}: {type_key!r} is {transport!r}, which does not go with {has!r}")
+    try:
+        parsed = msgspec.convert(entry, kind)
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"MCP server {name!r}: {e}") from None
+    ignored = sorted(entry.keys() - kind.__struct_fields__ - _UI_KEYS)
+    if ignored:
+        logger.warning("MCP server %r: ignoring keys codemode does not use: %s", name, ", ".join(map(repr, ignored)))
     return parsed
 
 
@@ -245,7 +324,8 @@ class McpServers:
     # -- configuration -------------------------------------------------------------------
 
     def add(self, name: str, config: Mapping[str, Any] | McpServerConfig) -> None:
-        """Registers a server; nothing starts until a call needs it (or ``connect``)."""
+        """Registers a server; nothing starts until a call needs it (or ``connect``), and a
+        disabled one (``"disabled": true``) never starts."""
         parsed = parse_server_config(name, config)
         with self._lock:
             self._check_open()
@@ -254,9 +334,15 @@ class McpServers:
             self._configs[name] = parsed
 
     def names(self) -> list[str]:
-        """The configured servers, in the order they were added."""
+        """The servers that may start, in the order they were added (not the disabled ones)."""
         with self._lock:
-            return list(self._configs)
+            return [name for name, config in self._configs.items() if not config.disabled]
+
+    def disabled_names(self) -> list[str]:
+        """The servers configured with ``"disabled": true``: never started, and a call to one is
+        a ``ConfigError``. ``remove`` forgets them like any other."""
+        with self._lock:
+            return [name for name, config in self._configs.items() if config.disabled]
 
     def remove(self, name: str) -> None:
         """Forgets a server and shuts its session down (a stdio server's process exits)."""
@@ -456,6 +542,8 @@ class McpServers:
             config = self._configs.get(name)
         if config is None:
             raise ConfigError(f"no MCP server named {name!r} is configured")
+        if config.disabled:
+            raise ConfigError(f'MCP server {name!r} is disabled in its config ("disabled": true)')
         connection = self._connections.get(name)
         if connection is None:
             connection = self._connections[name] = _Connection(name, config, self._client_info)
@@ -804,10 +892,16 @@ async def _open_streams(config: McpServerConfig, on_end: Callable[[], None]) -> 
                 command=config.command, args=list(config.args), env=dict(config.env), cwd=config.cwd
             )
             # The server's stderr (its logs) goes to the host's stderr, as other MCP clients do.
-            read, write = await stack.enter_async_context(stdio_client(params, errlog=sys.stderr))
+            transport = stdio_client(params, errlog=sys.stderr)
+        elif config.type == "sse":
+            # sse_client builds its HTTP client itself, from the same headers and timeouts.
+            transport = sse_client(
+                config.url, headers=config.headers, timeout=_HTTP_TIMEOUT_S, sse_read_timeout=_HTTP_READ_TIMEOUT_S
+            )
         else:
             http = await stack.enter_async_context(httpx2.AsyncClient(headers=config.headers, timeout=_HTTP_TIMEOUT))
-            read, write = await stack.enter_async_context(streamable_http_client(config.url, http_client=http))
+            transport = streamable_http_client(config.url, http_client=http)
+        read, write = await stack.enter_async_context(transport)
         yield _EndWatch(read, on_end), write
 
 

@@ -21,14 +21,15 @@ __all__ = ["build_server", "load_servers_config"]
 
 
 def load_servers_config(path: Path) -> dict[str, Any]:
-    """Reads an MCP client config file: ``{"mcpServers": {...}}`` (other keys are ignored)."""
+    """Reads an MCP client config file: ``{"mcpServers": {...}}``, or VS Code's ``mcp.json``
+    (``{"servers": {...}}``) when there is no ``mcpServers``; other keys are ignored."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise ConfigError(f"cannot read MCP config {path}: {e}") from None
-    servers = data.get("mcpServers") if isinstance(data, dict) else None
+    servers = data.get("mcpServers", data.get("servers")) if isinstance(data, dict) else None
     if not isinstance(servers, dict):
-        raise ConfigError(f"{path} has no `mcpServers` object")
+        raise ConfigError(f"{path} has no `mcpServers` (or VS Code `servers`) object")
     return servers
 
 

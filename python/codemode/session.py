@@ -68,6 +68,8 @@ MCP_RETRY_S = 10.0
 #: How long an exec waits for servers listed for the first time (set-up, not the cell's time);
 #: one that takes longer is unavailable, saying so, until its listing lands.
 MCP_START_WAIT_S = 10.0
+#: What ``load_mcp_tools`` reports for a server whose config entry says ``"disabled": true``.
+MCP_DISABLED = 'disabled in its config ("disabled": true); not started'
 
 EXEC_PREAMBLE = """Run a JavaScript or TypeScript cell (an async function body: top-level await and return) \
 against the hidden tool catalog. In the cell: `await tools.search(query, {limit})` -> compact entries; \
@@ -244,6 +246,17 @@ class CodeMode:
         store: Store | str | os.PathLike[str] | None = None,
     ) -> None:
         self.config = load_config(config)
+        self._mcp: McpServers | None = None
+        #: MCP servers whose tools are in the registry (or that failed to list: name -> error).
+        self._mcp_loaded: dict[str, str | None] = {}
+        self._mcp_failed_at: dict[str, float] = {}
+        #: Listings in flight (on the MCP loop), by server.
+        self._mcp_listing: dict[str, concurrent.futures.Future[None]] = {}
+        self._mcp_lock = threading.Lock()
+        # Before anything starts (worker processes, threads): a malformed entry then fails this
+        # constructor with nothing left running.
+        for name, server in self.config.mcp_servers.items():
+            self.add_mcp_server(name, server)
         #: Where `store`/`load` values live: SQLite (a path; in memory by default) or PostgreSQL (a DSN).
         self._store: Store = open_store(store) if store is None or isinstance(store, (str, os.PathLike)) else store
         #: A private in-memory store has no other writer: its snapshots are served from here
@@ -268,20 +281,12 @@ class CodeMode:
         self._advancer: concurrent.futures.ThreadPoolExecutor | None = None
         self._advancer_lock = threading.Lock()
         self._host_catalog: tuple[str, Catalog] | None = None
-        self._mcp: McpServers | None = None
-        #: MCP servers whose tools are in the registry (or that failed to list: name -> error).
-        self._mcp_loaded: dict[str, str | None] = {}
-        self._mcp_failed_at: dict[str, float] = {}
-        #: Listings in flight (on the MCP loop), by server.
-        self._mcp_listing: dict[str, concurrent.futures.Future[None]] = {}
-        self._mcp_lock = threading.Lock()
-        for name, server in self.config.mcp_servers.items():
-            self.add_mcp_server(name, server)
 
     # ---- MCP -----------------------------------------------------------------------------------
     def add_mcp_server(self, name: str, config: Mapping[str, Any]) -> None:
-        """Adds an MCP server (``{"command", "args", "env"}`` or ``{"url", "headers"}``); its tools
-        join the catalog on the next exec (or ``load_mcp_tools()``)."""
+        """Adds an MCP server (``{"command", "args", "env"}`` or ``{"url", "headers"}``, as MCP
+        clients write them; see ``codemode.mcp.parse_server_config``); its tools join the catalog
+        on the next exec (or ``load_mcp_tools()``), unless the entry says ``"disabled": true``."""
         from .mcp import McpServers
 
         with self._mcp_lock:
@@ -293,10 +298,14 @@ class CodeMode:
     def load_mcp_tools(self) -> dict[str, str | None]:
         """Lists the MCP servers not listed yet (and those that failed over ``MCP_RETRY_S`` ago),
         all at once, registers their tools and waits for them. Returns, per server, None or why
-        it cannot be used (its tools are then absent; other servers work)."""
+        its tools are absent: it cannot be used (other servers still work), or its config
+        disables it (it is not started)."""
         self._list_mcp(None)
+        mcp = self._mcp
+        if mcp is None:
+            return {}
         with self._mcp_lock:
-            return dict(self._mcp_loaded)
+            return self._mcp_loaded | dict.fromkeys(mcp.disabled_names(), MCP_DISABLED)
 
     def _mcp_stale(self, server: str, now: float) -> bool:
         """Never listed, or failed long enough ago to try again (and not being listed now)."""
