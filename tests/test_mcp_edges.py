@@ -10,9 +10,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import codemode.session
 import pytest
 from codemode import CodeMode
+from codemode.errors import ClosedError, ConfigError
 from codemode.session import MCP_START_WAIT_S
+from codemode.tools import MCP_TOOL, Dispatcher
 
 ODD = str(Path(__file__).resolve().parent / "fixtures" / "odd_mcp_server.py")
 NEVER_ANSWERS = {"command": sys.executable, "args": ["-c", "import time; time.sleep(600)"]}
@@ -154,3 +157,101 @@ def test_a_server_named_index_does_not_replace_the_index_file(make_codemode):
     own = value(s, "return await API.read('mcp/index_2.d.ts')")
     assert "declare namespace MCP.index {" in own
     assert value(s, "return (await MCP.index.$api()).declaration") == own
+
+
+NAMED = str(Path(__file__).resolve().parent / "mcp_named_server.py")
+
+
+def named_server(*tools: str, first: str = "") -> dict[str, Any]:
+    """``tests/mcp_named_server.py`` with these tools, after ``first`` (a shell command) runs."""
+    script = f'{first} exec "$0" "$@"'
+    return {"command": "/bin/sh", "args": ["-c", script, sys.executable, NAMED, *tools]}
+
+
+def test_identifiers_stay_with_their_servers_when_a_slow_ones_tools_arrive(make_codemode, monkeypatch):
+    monkeypatch.setattr(codemode.session, "MCP_START_WAIT_S", 2.0)
+    servers = {
+        "chrome-devtools": named_server("from_a", first="sleep 4;"),
+        "chrome_devtools": named_server("from_b"),
+    }
+    cm = make_codemode({"workers": 1, "mcpServers": servers})
+    s = cm.session()
+    keys = "return [Object.keys(MCP.chromeDevtools), Object.keys(MCP.chromeDevtools_2)]"
+    # The first exec goes on without the slow server (still starting), which keeps its place.
+    assert value(s, keys)[1] == ["fromB", "$api", "resources", "prompts"]
+    assert "is still starting" in failure(s, "return await MCP.chromeDevtools.fromA()")
+    assert cm.load_mcp_tools() == {"chrome-devtools": None, "chrome_devtools": None}
+    assert value(s, keys) == [["fromA", "$api", "resources", "prompts"], ["fromB", "$api", "resources", "prompts"]]
+
+
+def test_a_retry_runs_in_the_background_and_its_tools_join_when_it_lands(make_codemode, monkeypatch, tmp_path):
+    monkeypatch.setattr(codemode.session, "MCP_RETRY_S", 0.0)
+    marker = tmp_path / "tried"
+    # Fails at once the first time; the retry takes 3 s to start, then works.
+    first = f'if [ -e "{marker}" ]; then sleep 3; else touch "{marker}"; exit 1; fi;'
+    cm = make_codemode({"workers": 1, "mcpServers": {"flaky": named_server("late", first=first)}})
+    s = cm.session()
+    assert "flaky" in failure(s, "return await MCP.flaky.late()")
+    started = time.monotonic()
+    assert value(s, "return Object.keys(MCP)") == ["flaky"]  # starts the retry, does not wait for it
+    assert time.monotonic() - started < 2.5
+    assert cm.load_mcp_tools() == {"flaky": None}
+    assert value(s, "return (await MCP.flaky.late()).content[0].text") == "late"
+
+
+def test_resources_of_a_denied_or_unavailable_server_are_refused_on_the_host(make_codemode):
+    # A worker that forges an MCP resource request (the guest cannot: prelude.js keeps the
+    # bridge's ids to itself) is refused by the dispatcher, as for a server that is not there.
+    cm = make_codemode({"workers": 1})
+    cm._registry.set_mcp_server("secret", [])
+    cm._registry.set_mcp_server("down", None, "no handshake")
+    cm._registry.set_mcp_server("open", [])
+    cm.set_policy(deny=["mcp:secret:*"])
+    view = cm.catalog()
+    assert view.mcp_servers == {"open": "open"}
+    dispatcher = Dispatcher(view, cm._loop.get, mcp_ops=cm._mcp_op)
+    for server in ("secret", "down", "nowhere"):
+        request = f'{{"server": "{server}", "op": "resources.read", "input": {{"uri": "memo://one"}}}}'
+        plan = dispatcher._plan(1, MCP_TOOL, request)
+        assert plan.loop is None  # answered at once, nothing started
+        plan.start(None)
+        assert dispatcher.take_ready() == [(1, False, f"unknown MCP request {server}.resources.read")]
+
+
+def test_declaration_comments_cannot_be_closed_by_a_schema_key(make_codemode):
+    cm = make_codemode({"workers": 1})
+    cm.add_tool(
+        lambda **_: "x",
+        name="tricky",
+        owner="srv",
+        source="mcp",
+        description="Fine.",
+        input_schema={"type": "object", "properties": {"a*/b": {"type": "string", "description": "closes */ it"}}},
+    )
+    declared = value(cm.session(), "return await API.read('mcp/srv.d.ts')")
+    assert " * @param a*\\/b closes *\\/ it" in declared
+    comments = declared.split("function tricky")[0]  # (the signature quotes the key as a string)
+    assert comments.count("*/") == comments.count("/**")
+
+
+def test_server_names_with_a_colon_are_refused_and_lists_wait_never_on_the_mcp_loop(make_codemode):
+    with pytest.raises(ConfigError, match="no ':'"):
+        make_codemode({"mcpServers": {"a:b": odd_server()}})
+    seen: list[BaseException] = []
+
+    def approve(event: Any) -> bool:
+        # Hooks of MCP calls run on the MCP loop's thread: waiting there for listings queued
+        # behind it would hang the loop.
+        try:
+            cm.load_mcp_tools()
+        except RuntimeError as e:
+            seen.append(e)
+        return True
+
+    cm = make_codemode({"workers": 1, "mcpServers": {"odd": odd_server()}}, approve=approve)
+    assert cm.load_mcp_tools() == {"odd": None}
+    assert value(cm.session(), "return (await MCP.odd.getSum({a: 1, b: 2})).content[0].text") == "3"
+    assert len(seen) == 1 and "MCP loop" in str(seen[0])
+    cm.close()
+    with pytest.raises(ClosedError):
+        cm.load_mcp_tools()

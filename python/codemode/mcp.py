@@ -35,6 +35,7 @@ import concurrent.futures
 import contextvars
 import importlib.metadata
 import logging
+import re
 import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
@@ -201,6 +202,11 @@ _ALIASES = {"serverUrl": "url", "transportType": "type"}
 _UI_KEYS = frozenset({"alwaysAllow", "autoApprove", "trust", "description"})
 
 
+#: Server names as configs have them (``My Server``, ``chrome-devtools``), but never a ``:``, so
+#: that a tool id ``mcp:<server>:<tool>`` names one server and one tool.
+_SERVER_NAME = re.compile(r"^[^:\x00-\x1f\x7f]{1,128}$")
+
+
 def parse_server_config(name: str, config: Mapping[str, Any] | McpServerConfig) -> McpServerConfig:
     """Validates one server entry; ``command`` selects stdio, ``url`` HTTP.
 
@@ -226,8 +232,11 @@ def parse_server_config(name: str, config: Mapping[str, Any] | McpServerConfig) 
     A malformed entry (a value of the wrong type, both ``command`` and ``url``, an unknown or
     mismatched transport) is a ``ConfigError`` that names the server and the key.
     """
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"an MCP server name must be a non-empty string, not {name!r}")
+    if not isinstance(name, str) or not _SERVER_NAME.match(name):
+        raise ConfigError(
+            f"an MCP server name must be 1-128 characters with no ':' or control characters"
+            f" (its tools' ids are mcp:<server>:<tool>), not {name!r}"
+        )
     if isinstance(config, McpStdioServerConfig | McpHttpServerConfig):
         parsed: McpServerConfig = config
     elif not isinstance(config, Mapping):
@@ -490,9 +499,12 @@ class McpServers:
         # asyncio.run also cancels whatever is left and closes the loop once main returns.
         asyncio.run(main())
 
+    def on_loop_thread(self) -> bool:
+        """True on the thread of ``event_loop()``: blocking there on MCP work never finishes."""
+        return self._thread is not None and threading.current_thread() is self._thread
+
     def _wait(self, fn: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
-        if self._thread is not None and threading.current_thread() is self._thread:
-            # Blocking the loop on work scheduled onto itself would never finish.
+        if self.on_loop_thread():
             raise RuntimeError("McpServers' blocking methods cannot run on its own loop thread; use the a* twins")
         return self._schedule(fn, *args, **kwargs).result()
 

@@ -66,22 +66,21 @@ class McpNames:
         self.paths = paths
 
 
-def mcp_names(tools: Iterable[_McpTool], servers: Iterable[str] = ()) -> McpNames:
-    """Assigns identifiers in catalog order; collisions get visible numeric suffixes. ``servers``:
-    servers without visible tools (only resources or prompts, or unreachable), named after those
-    that have tools, in the order given."""
+def mcp_names(servers: Iterable[str], tools: Iterable[_McpTool]) -> McpNames:
+    """Assigns identifiers: to ``servers`` in the order given, then to the owners of ``tools``
+    not among them, then to the tools in catalog order; collisions get visible numeric
+    suffixes."""
     idents: dict[str, str] = {}
     server_taken: set[str] = set()
     tool_idents: dict[str, str] = {}
     taken_by_server: dict[str, set[str]] = {}
-    for tool in tools:
-        if tool.owner not in idents:
-            idents[tool.owner] = _unique(camel_ident(tool.owner), server_taken)
-        taken = taken_by_server.setdefault(tool.owner, set(_RESERVED_MEMBERS))
-        tool_idents[tool.id] = _unique(camel_ident(tool.name), taken)
-    for server in servers:
+    tools = list(tools)
+    for server in [*servers, *(t.owner for t in tools)]:
         if server not in idents:
             idents[server] = _unique(camel_ident(server), server_taken)
+    for tool in tools:
+        taken = taken_by_server.setdefault(tool.owner, set(_RESERVED_MEMBERS))
+        tool_idents[tool.id] = _unique(camel_ident(tool.name), taken)
     paths_taken = {INDEX_PATH}
     paths = {server: _api_path(server, ident, paths_taken) for server, ident in idents.items()}
     return McpNames(idents, tool_idents, paths)
@@ -148,19 +147,15 @@ def tool_declaration(tool: _McpTool, ident: str) -> str:
 
 
 def declarations(
-    tools: Iterable[_McpTool],
-    names: McpNames,
-    servers: Iterable[str] = (),
-    unavailable: Mapping[str, str] | None = None,
+    tools: Iterable[_McpTool], names: McpNames, unavailable: Mapping[str, str] | None = None
 ) -> dict[str, str]:
     """The virtual ``API`` files: ``mcp/index.d.ts`` and one ``mcp/<server>.d.ts`` per server
-    (``servers``: those without visible tools too); ``unavailable`` servers (why) are noted in the
+    named in ``names`` (with or without tools); ``unavailable`` servers (why) are noted in the
     index only."""
-    by_server: dict[str, list[_McpTool]] = {}
+    unavailable = unavailable or {}
+    by_server: dict[str, list[_McpTool]] = {s: [] for s in names.servers if s not in unavailable}
     for tool in tools:
-        by_server.setdefault(tool.owner, []).append(tool)
-    for server in servers:
-        by_server.setdefault(server, [])
+        by_server[tool.owner].append(tool)
     files: dict[str, str] = {}
     index = [HEADER, "/** MCP servers visible to this run: `MCP.<server>.<tool>(input)`. */", "declare const MCP: {"]
     for server, items in by_server.items():
@@ -181,7 +176,7 @@ def declarations(
             body.extend("  " + line for line in tool_declaration(tool, names.tools[tool.id]).splitlines())
         body.append("}")
         files[path] = "\n".join(body) + "\n"
-    for server, reason in (unavailable or {}).items():
+    for server, reason in unavailable.items():
         ident = names.servers[server]
         why = _safe_comment(" ".join(reason.split())[:300])
         index.append(f"  /** server {_safe_comment(json.dumps(server))} is unavailable: {why} */")

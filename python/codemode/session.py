@@ -299,7 +299,10 @@ class CodeMode:
         """Lists the MCP servers not listed yet (and those that failed over ``MCP_RETRY_S`` ago),
         all at once, registers their tools and waits for them. Returns, per server, None or why
         its tools are absent: it cannot be used (other servers still work), or its config
-        disables it (it is not started)."""
+        disables it (it is not started). Not on the MCP loop's thread (an async hook of an MCP
+        call runs there): it would wait for work queued behind itself."""
+        if self._closed:
+            raise ClosedError("this CodeMode is closed")
         self._list_mcp(None)
         mcp = self._mcp
         if mcp is None:
@@ -324,6 +327,10 @@ class CodeMode:
         mcp = self._mcp
         if mcp is None:
             return
+        if mcp.on_loop_thread():
+            if wait_s is None:
+                raise RuntimeError("load_mcp_tools() cannot run on the MCP loop's thread; the listings queue behind it")
+            wait_s = 0.0
         loop = mcp.event_loop()  # (started here, not under the lock its listings take)
         waited: dict[str, concurrent.futures.Future[None]] = {}
         with self._mcp_lock:
@@ -379,11 +386,7 @@ class CodeMode:
         with self._mcp_lock:
             self._mcp_listing.pop(server, None)
             if reason is None:
-                try:
-                    self._registry.set_mcp_server(server, tools)
-                except ToolDefinitionError as e:
-                    reason = f"MCP server {server!r} cannot be used: {e}"
-            if reason is None:
+                self._registry.set_mcp_server(server, tools)
                 self._mcp_failed_at.pop(server, None)
             else:
                 self._registry.set_mcp_server(server, None, reason)

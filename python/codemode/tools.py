@@ -190,18 +190,12 @@ class ToolRegistry:
 
     def set_mcp_server(self, server: str, tools: Iterable[Tool] | None, reason: str | None = None) -> None:
         """Replaces everything registered for MCP server ``server`` at once: its tools (``None``:
-        keep them) and its state (``reason``: why it cannot be used, or None). A tool id that is
-        already another's fails the whole server (``ToolDefinitionError``), changing nothing."""
+        keep them; each is ``mcp:<server>:<name>``, and a server name has no ``:``, so no other
+        server's can be replaced) and its state (``reason``: why it cannot be used, or None).
+        The first call for a server fixes its place among the servers: identifiers follow it."""
         with self._lock:
             if tools is not None:
-                tools = list(tools)
-                mine = {t.id for t in self._tools.values() if t.source == "mcp" and t.owner == server}
-                for tool in tools:
-                    if tool.source != "mcp" or tool.owner != server:
-                        raise ToolDefinitionError(f"tool {tool.id!r} is not one of MCP server {server!r}'s")
-                    if tool.id in self._tools and tool.id not in mine:
-                        raise ToolDefinitionError(f"a tool with id {tool.id!r} is already registered")
-                for tool_id in mine:
+                for tool_id in [t.id for t in self._tools.values() if t.source == "mcp" and t.owner == server]:
                     del self._tools[tool_id]
                 self._tools.update((t.id, t) for t in tools)
             self._mcp_servers[server] = reason
@@ -241,16 +235,18 @@ class ToolRegistry:
             mcp = [t for t in tools.values() if t.source == "mcp"]
             # Servers with no tools (resources and prompts only) and unreachable ones are visible
             # when the policy would let their tools through (`mcp:<server>:*`); a server whose
-            # tools are all denied is hidden.
+            # tools are all denied is hidden. Identifiers go to the visible servers in the order
+            # they were first set, whatever their state: a server's `MCP.<ident>` stays its own
+            # when another's tools arrive.
             with_tools = {t.owner for t in self._tools.values() if t.source == "mcp"}
-            bare = sorted(
+            shown = {t.owner for t in mcp}
+            servers = [
                 server
                 for server in self._mcp_servers
-                if server not in with_tools and policy.permits(f"mcp:{server}:*", "*")
-            )
-            unavailable = {s: r for s in bare if (r := self._mcp_servers[s]) is not None}
-            toolless = [s for s in bare if s not in unavailable]
-            names = mcp_names(mcp, bare)
+                if server in shown or (server not in with_tools and policy.permits(f"mcp:{server}:*", "*"))
+            ]
+            unavailable = {s: r for s in servers if s not in with_tools and (r := self._mcp_servers[s]) is not None}
+            names = mcp_names(servers, mcp)
             entries = []
             for tool in tools.values():
                 entry = tool.entry()
@@ -259,13 +255,13 @@ class ToolRegistry:
                     entry["serverIdent"] = names.servers[tool.owner]
                     entry["declaration"] = tool_declaration(tool, names.tools[tool.id])
                 entries.append(entry)
-            servers: dict[str, dict[str, str]] = {}
+            described: dict[str, dict[str, str]] = {}
             for server, ident in names.servers.items():
-                servers[server] = {"ident": ident, "path": names.paths[server]}
+                described[server] = {"ident": ident, "path": names.paths[server]}
                 if server in unavailable:
-                    servers[server]["reason"] = unavailable[server]
-            api = declarations(mcp, names, toolless, unavailable) if servers else {}
-            catalog_json = _encode({"tools": entries, "api": api, "mcpServers": servers}).decode()
+                    described[server]["reason"] = unavailable[server]
+            api = declarations(mcp, names, unavailable) if described else {}
+            catalog_json = _encode({"tools": entries, "api": api, "mcpServers": described}).decode()
             fingerprint = hashlib.blake2b(catalog_json.encode(), digest_size=16).hexdigest()
             counts = {"host": 0, "mcp": 0, "client": 0}
             for tool in tools.values():

@@ -414,6 +414,38 @@ mod tests {
     }
 
     #[test]
+    fn mcp_servers_get_entries_api_paths_and_api_lookups() {
+        let json = r#"{"tools": [
+            {"id": "mcp:odd:get.sum", "name": "get.sum", "source": "mcp", "sourceName": "odd", "serverIdent": "odd",
+             "ident": "getSum", "declaration": "// Unlike function getSum_2(input\nfunction getSum(input: {}): Promise<McpToolResult>;"},
+            {"id": "mcp:odd:get_sum", "name": "get_sum", "source": "mcp", "sourceName": "odd", "serverIdent": "odd",
+             "ident": "getSum_2", "declaration": "function getSum_2(input: {}): Promise<McpToolResult>;"}
+        ], "api": {"mcp/odd.d.ts": "odd file", "mcp/index_2.d.ts": "index file"},
+        "mcpServers": {"odd": {"ident": "odd", "path": "mcp/odd.d.ts"},
+                       "index": {"ident": "index", "path": "mcp/index_2.d.ts"},
+                       "down": {"ident": "down", "path": "mcp/down.d.ts", "reason": "no handshake"}}}"#;
+        let c = match Catalog::from_json(json) {
+            Ok(c) => c,
+            Err(e) => panic!("{e}"),
+        };
+        let view: Value = serde_json::from_str(c.mcp_json()).unwrap_or(Value::Null);
+        assert_eq!(view["odd"]["tools"]["getSum_2"], "mcp:odd:get_sum");
+        assert_eq!(view["index"], serde_json::json!({"server": "index", "tools": {}}));
+        assert_eq!(view["down"], serde_json::json!({"server": "down", "unavailable": "no handshake"}));
+        let tool = |server: &str, name: &str| -> String {
+            let header = c.mcp_api_json(server, Some(name), false).unwrap_or_default();
+            serde_json::from_str::<Value>(&header).unwrap_or(Value::Null)["tool"].as_str().unwrap_or("").to_owned()
+        };
+        // The identifier first, then the MCP name; never a match inside another's declaration.
+        assert_eq!(tool("odd", "getSum_2"), "get_sum");
+        assert_eq!(tool("odd", "getSum"), "get.sum");
+        assert_eq!(tool("odd", "get.sum"), "get.sum");
+        assert!(c.mcp_api_json("odd", Some("function getSum_2("), false).is_err());
+        assert!(c.mcp_api_json("index", None, false).is_ok_and(|h| h.contains("index file")));
+        assert!(c.mcp_api_json("down", None, false).is_err());
+    }
+
+    #[test]
     fn bad_catalogs_are_errors_not_panics() {
         assert!(Catalog::from_json("{").is_err());
         assert!(Catalog::from_json("{}").is_err());
