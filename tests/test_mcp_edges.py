@@ -13,7 +13,7 @@ from typing import Any
 import codemode.session
 import pytest
 from codemode import CodeMode
-from codemode.errors import ClosedError, ConfigError
+from codemode.errors import ClosedError, ConfigError, ToolDefinitionError
 from codemode.session import MCP_START_WAIT_S
 from codemode.tools import MCP_TOOL, Dispatcher
 
@@ -235,8 +235,12 @@ def test_declaration_comments_cannot_be_closed_by_a_schema_key(make_codemode):
 
 
 def test_server_names_with_a_colon_are_refused_and_lists_wait_never_on_the_mcp_loop(make_codemode):
-    with pytest.raises(ConfigError, match="no ':'"):
-        make_codemode({"mcpServers": {"a:b": odd_server()}})
+    for name in ("a:b", "time\n", ""):  # (a trailing newline got past a `$` once)
+        with pytest.raises(ConfigError, match="no ':'"):
+            make_codemode({"mcpServers": {name: odd_server()}})
+    for name, owner in (("read\n", "core"), ("read", "core\n")):
+        with pytest.raises(ToolDefinitionError):
+            make_codemode().add_tool(lambda: 1, name=name, owner=owner)
     seen: list[BaseException] = []
 
     def approve(event: Any) -> bool:

@@ -232,7 +232,7 @@ def parse_server_config(name: str, config: Mapping[str, Any] | McpServerConfig) 
     A malformed entry (a value of the wrong type, both ``command`` and ``url``, an unknown or
     mismatched transport) is a ``ConfigError`` that names the server and the key.
     """
-    if not isinstance(name, str) or not _SERVER_NAME.match(name):
+    if not isinstance(name, str) or not _SERVER_NAME.fullmatch(name):
         raise ConfigError(
             f"an MCP server name must be 1-128 characters with no ':' or control characters"
             f" (its tools' ids are mcp:<server>:<tool>), not {name!r}"

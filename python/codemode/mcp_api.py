@@ -94,7 +94,7 @@ def _api_path(server: str, ident: str, taken: set[str]) -> str:
     """The server's declaration file: ``mcp/<server>.d.ts``; ``mcp/<ident>.d.ts`` when the name
     would not make one path segment (``/``, spaces, a leading dot) or its file is taken (a server
     named ``index``); identifiers are unique, so that one is free unless a server is named so."""
-    for name in (server, ident) if _PATH_SAFE.match(server) else (ident,):
+    for name in (server, ident) if _PATH_SAFE.fullmatch(server) else (ident,):
         path = f"mcp/{name}.d.ts"
         if path not in taken:
             taken.add(path)

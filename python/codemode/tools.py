@@ -114,9 +114,9 @@ def define_tool(
     if not callable(fn):
         raise ToolDefinitionError(f"a tool must be callable, not {type(fn).__name__}")
     name = name or str(getattr(fn, "__name__", ""))
-    if not (_MCP_NAME if source == "mcp" else _NAME).match(name):
+    if not (_MCP_NAME if source == "mcp" else _NAME).fullmatch(name):
         raise ToolDefinitionError(f"invalid tool name {name!r}")
-    if not (_MCP_NAME if source == "mcp" else _OWNER).match(owner):
+    if not (_MCP_NAME if source == "mcp" else _OWNER).fullmatch(owner):
         raise ToolDefinitionError(f"invalid tool owner {owner!r}")
     if source not in ("host", "client", "mcp"):
         raise ToolDefinitionError(f"invalid tool source {source!r}")
