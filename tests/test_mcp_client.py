@@ -225,6 +225,19 @@ def test_sse_server_from_a_cline_entry_lists_calls_and_reads() -> None:
             assert own.read_resource("legacy", "demo://resource/static/document/features.md")["contents"]
 
 
+def test_a_message_post_an_sse_server_refuses_fails_its_call_at_once_and_the_next_reconnects() -> None:
+    # server-everything's SSE transport refuses message bodies over 4 MB (413). The SDK's SSE
+    # client only logs that and stops sending: the call waited its whole timeout, and the next
+    # one went into the dead session.
+    with everything_http("sse") as url, McpServers({"legacy": {"url": url}}, timeout_s=20) as own:
+        assert text_of(own.call_tool("legacy", "get-sum", {"a": 1, "b": 1})) == "The sum of 1 and 1 is 2."
+        started = time.monotonic()
+        with pytest.raises(McpServerError, match="connection was lost"):
+            own.call_tool("legacy", "echo", {"message": "x" * (5 << 20)})
+        assert time.monotonic() - started < 10
+        assert text_of(own.call_tool("legacy", "get-sum", {"a": 2, "b": 3})) == "The sum of 2 and 3 is 5."
+
+
 @pytest.mark.parametrize("transport", ["http", "sse"])
 def test_configured_headers_reach_the_server_on_both_http_transports(transport: str) -> None:
     seen: list[str | None] = []

@@ -895,6 +895,27 @@ class _EndWatch:
         await self.aclose()
 
 
+class _SsePostWatch(httpx2.AsyncHTTPTransport):
+    """The SSE transport's HTTP: a message POST that fails (an HTTP error, or no connection)
+    ends the session. The SDK's SSE client only logs such a failure and stops sending, so the
+    request waited its whole timeout and the next one was sent into a dead session."""
+
+    def __init__(self, on_end: Callable[[], None]) -> None:
+        super().__init__()
+        self._on_end = on_end
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        try:
+            response = await super().handle_async_request(request)
+        except Exception:
+            if request.method == "POST":
+                self._on_end()
+            raise
+        if request.method == "POST" and response.status_code >= 400:
+            self._on_end()
+        return response
+
+
 @asynccontextmanager
 async def _open_streams(config: McpServerConfig, on_end: Callable[[], None]) -> AsyncIterator[TransportStreams]:
     """The SDK transport for ``config`` (a ``mcp.client.Transport``), with its end watched."""
@@ -906,9 +927,21 @@ async def _open_streams(config: McpServerConfig, on_end: Callable[[], None]) -> 
             # The server's stderr (its logs) goes to the host's stderr, as other MCP clients do.
             transport = stdio_client(params, errlog=sys.stderr)
         elif config.type == "sse":
-            # sse_client builds its HTTP client itself, from the same headers and timeouts.
+            # sse_client builds its HTTP client itself, from the same headers and timeouts, with
+            # a transport that notices failed POSTs (see `_SsePostWatch`).
+            def client(
+                headers: dict[str, str] | None = None,
+                timeout: httpx2.Timeout | None = None,
+                auth: httpx2.Auth | None = None,
+            ) -> httpx2.AsyncClient:
+                return httpx2.AsyncClient(transport=_SsePostWatch(on_end), headers=headers, timeout=timeout, auth=auth)
+
             transport = sse_client(
-                config.url, headers=config.headers, timeout=_HTTP_TIMEOUT_S, sse_read_timeout=_HTTP_READ_TIMEOUT_S
+                config.url,
+                headers=config.headers,
+                timeout=_HTTP_TIMEOUT_S,
+                sse_read_timeout=_HTTP_READ_TIMEOUT_S,
+                httpx_client_factory=client,
             )
         else:
             http = await stack.enter_async_context(httpx2.AsyncClient(headers=config.headers, timeout=_HTTP_TIMEOUT))
