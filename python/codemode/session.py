@@ -218,6 +218,10 @@ def _provider_name(name: str) -> str:
     return cleaned or "tool"
 
 
+def _still_starting(server: str) -> str:
+    return f"MCP server {server!r} is still starting"
+
+
 def _mcp_caller(mcp: McpServers, server: str, tool: str) -> Callable[..., Awaitable[Any]]:
     # Runs on the MCP client's own loop (the tool's `loop`): no hop through the tools' loop.
     async def call(**arguments: Any) -> Any:
@@ -339,7 +343,7 @@ class CodeMode:
                 if self._mcp_stale(server, now):
                     first = server not in self._mcp_loaded
                     if first:
-                        self._registry.set_mcp_server(server, None, f"MCP server {server!r} is still starting")
+                        self._registry.set_mcp_server(server, None, _still_starting(server))
                     listing = asyncio.run_coroutine_threadsafe(self._list_server(mcp, server), loop)
                     self._mcp_listing[server] = listing
                     if first or wait_s is None:
@@ -353,7 +357,7 @@ class CodeMode:
             for server, listing in waited.items():
                 if not listing.done() and server not in self._mcp_loaded:
                     # Not waited for again: later execs go on without it until it lands.
-                    self._mcp_loaded[server] = f"MCP server {server!r} is still starting"
+                    self._mcp_loaded[server] = _still_starting(server)
 
     async def _list_server(self, mcp: McpServers, server: str) -> None:
         """On the MCP loop: lists one server and registers its tools, all at once (before the
