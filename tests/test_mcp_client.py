@@ -537,6 +537,7 @@ def test_disabled_server_is_kept_but_never_started_and_calls_say_so(tmp_path: Pa
         ({"comand": "a", "args": []}, r"MCP server 'x': the config needs 'command' \(stdio\) or 'url'"),
         ({"command": "a", "url": "http://b"}, r"MCP server 'x': set either 'command' \(stdio\) or 'url'"),
         ({"url": "http://b", "serverUrl": "http://b"}, r"MCP server 'x': set 'url' or 'serverUrl', not both"),
+        ({"serverUrl": 5}, r"MCP server 'x': Expected `str`, got `int` - at `\$.serverUrl`"),
         ({"command": "a", "disabled": "yes"}, r"MCP server 'x': Expected `bool`, got `str` - at `\$.disabled`"),
         ({"command": "a", "args": "--flag"}, r"MCP server 'x': Expected `array`, got `str` - at `\$.args`"),
         ({"command": "a", "env": {"K": 1}}, r"MCP server 'x': Expected `str`, got `int` - at `\$.env\[\.\.\.\]`"),

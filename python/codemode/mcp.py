@@ -252,11 +252,13 @@ def parse_server_config(name: str, config: Mapping[str, Any] | McpServerConfig) 
 
 def _parse_entry(name: str, config: Mapping[str, Any]) -> McpServerConfig:
     entry = dict(config)
+    spelled: dict[str, str] = {}  # our key -> the alias the entry used (errors name the entry's key)
     for alias, key in _ALIASES.items():
         if alias in entry:
             if key in entry:
                 raise ConfigError(f"MCP server {name!r}: set {key!r} or {alias!r}, not both")
             entry[key] = entry.pop(alias)
+            spelled[key] = alias
     if "command" in entry and "url" in entry:
         raise ConfigError(f"MCP server {name!r}: set either 'command' (stdio) or 'url' (HTTP), not both")
     if "command" not in entry and "url" not in entry:
@@ -279,7 +281,10 @@ def _parse_entry(name: str, config: Mapping[str, Any]) -> McpServerConfig:
     try:
         parsed = msgspec.convert(entry, kind)
     except msgspec.ValidationError as e:
-        raise ConfigError(f"MCP server {name!r}: {e}") from None
+        message = str(e)
+        for key, alias in spelled.items():
+            message = message.replace(f"`$.{key}`", f"`$.{alias}`")
+        raise ConfigError(f"MCP server {name!r}: {message}") from None
     ignored = sorted(entry.keys() - kind.__struct_fields__ - _UI_KEYS)
     if ignored:
         logger.warning("MCP server %r: ignoring keys codemode does not use: %s", name, ", ".join(map(repr, ignored)))
