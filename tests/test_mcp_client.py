@@ -225,6 +225,17 @@ def test_sse_server_from_a_cline_entry_lists_calls_and_reads() -> None:
             assert own.read_resource("legacy", "demo://resource/static/document/features.md")["contents"]
 
 
+def test_a_url_without_a_transport_finds_either_kind_of_server_and_keeps_to_it() -> None:
+    for transport in ("streamableHttp", "sse"):
+        with everything_http(transport) as url, McpServers({"bare": {"url": url}}) as own:
+            assert text_of(own.call_tool("bare", "get-sum", {"a": 2, "b": 3})) == "The sum of 2 and 3 is 5."
+            kept = own._connection("bare").config
+            assert kept.type == ("http" if transport == "streamableHttp" else "sse")
+    with McpServers({"none": {"url": "http://127.0.0.1:9/mcp"}}, timeout_s=5) as own:
+        with pytest.raises(McpServerError, match=r"is unavailable: .*; over SSE: "):
+            own.list_tools("none")
+
+
 def test_a_message_post_an_sse_server_refuses_fails_its_call_at_once_and_the_next_reconnects() -> None:
     # server-everything's SSE transport refuses message bodies over 4 MB (413). The SDK's SSE
     # client only logs that and stops sending: the call waited its whole timeout, and the next
@@ -460,7 +471,7 @@ def test_config_chooses_the_transport_from_command_or_url() -> None:
         "disabled": False,
         "url": "https://example.com/mcp",
         "headers": {"Authorization": "Bearer t"},
-        "type": "http",
+        "type": "auto",  # streamable HTTP, then SSE
     }
 
 
@@ -488,12 +499,12 @@ def test_config_chooses_the_transport_from_command_or_url() -> None:
         ({"type": "stdio", "command": "uvx", "envFile": "${workspaceFolder}/.env"}, "stdio", "uvx"),
         ({"type": "sse", "url": "http://h.example/sse"}, "sse", "http://h.example/sse"),
         ({"type": "http", "url": "https://h.example/mcp", "headers": {"A": "b"}}, "http", "https://h.example/mcp"),
-        # Cursor: a bare url; its /sse path means SSE
-        ({"url": "http://localhost:8000/sse"}, "sse", "http://localhost:8000/sse"),
-        ({"url": "http://localhost:8000/mcp"}, "http", "http://localhost:8000/mcp"),
+        # Cursor: a bare url: streamable HTTP is tried, then SSE
+        ({"url": "http://localhost:8000/sse"}, "auto", "http://localhost:8000/sse"),
+        ({"url": "http://localhost:8000/mcp"}, "auto", "http://localhost:8000/mcp"),
         ({"type": "http", "url": "http://localhost:8000/sse"}, "http", "http://localhost:8000/sse"),
         # Windsurf's serverUrl; Kilo Code's streamable-http; a description
-        ({"serverUrl": "https://h.example/mcp"}, "http", "https://h.example/mcp"),
+        ({"serverUrl": "https://h.example/mcp"}, "auto", "https://h.example/mcp"),
         ({"type": "streamable-http", "url": "https://h.example/mcp"}, "http", "https://h.example/mcp"),
         ({"command": "srv", "description": "my server"}, "stdio", "srv"),
     ],

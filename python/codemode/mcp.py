@@ -42,7 +42,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mappi
 from contextlib import AsyncExitStack, asynccontextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
-from urllib.parse import urlsplit
 
 import anyio
 import httpx2
@@ -145,7 +144,10 @@ class McpHttpServerConfig(_McpServerEntry, frozen=True, kw_only=True):
 
     url: str
     headers: dict[str, str] = {}
-    type: Literal["http", "sse"] = "http"
+    #: ``auto`` (an entry that names no transport): streamable HTTP is tried first, then SSE, as
+    #: the MCP spec advises clients that may meet either kind of server; the one that answers is
+    #: kept for reconnecting.
+    type: Literal["http", "sse", "auto"] = "http"
 
 
 McpServerConfig = McpStdioServerConfig | McpHttpServerConfig
@@ -214,9 +216,9 @@ def parse_server_config(name: str, config: Mapping[str, Any] | McpServerConfig) 
     Windsurf) work as they are:
 
     * ``type`` or ``transportType`` may name the transport: ``stdio``; ``http``,
-      ``streamable-http`` or ``streamableHttp``; ``sse``. Without one, a ``url`` whose path ends in
-      ``/sse`` means SSE (Cursor and Windsurf entries often give only such a url and let the
-      client find out) and any other ``url`` streamable HTTP. Windsurf's ``serverUrl`` is ``url``.
+      ``streamable-http`` or ``streamableHttp``; ``sse``. A ``url`` without one is tried over
+      streamable HTTP, then SSE (Cursor and Windsurf entries often give only a url and let the
+      client find out). Windsurf's ``serverUrl`` is ``url``.
     * ``disabled: true`` keeps the entry, but the server never starts (see ``McpServers.names``).
     * Keys about the other client's own prompts and display (``alwaysAllow``, ``autoApprove``,
       ``trust``, ``description``) are ignored.
@@ -266,9 +268,8 @@ def _parse_entry(name: str, config: Mapping[str, Any]) -> McpServerConfig:
     kind: type[McpServerConfig] = McpStdioServerConfig if "command" in entry else McpHttpServerConfig
     transport = entry.get("type")
     if transport is None:
-        url = entry.get("url")
-        if isinstance(url, str) and urlsplit(url).path.rstrip("/").endswith("/sse"):
-            entry["type"] = "sse"
+        if kind is McpHttpServerConfig:
+            entry["type"] = "auto"
     else:
         type_key = "transportType" if "transportType" in config else "type"
         if not isinstance(transport, str) or transport not in _TRANSPORTS:
@@ -778,10 +779,28 @@ class _Connection:
         await self._release()
 
     async def _open(self, timeout_s: float) -> Client:
+        config = self.config
+        if not (isinstance(config, McpHttpServerConfig) and config.type == "auto"):
+            return await self._open_with(config, timeout_s)
+        try:
+            return await self._open_with(msgspec.structs.replace(config, type="http"), timeout_s)
+        except McpTimeoutError:
+            raise  # the budget is spent
+        except McpServerError as over_http:
+            try:
+                return await self._open_with(msgspec.structs.replace(config, type="sse"), timeout_s)
+            except McpServerError as over_sse:
+                cause = over_sse.__cause__
+                why = _describe_connect_failure(cause) if cause is not None else str(over_sse)
+                raise McpServerError(f"{over_http}; over SSE: {why}", server=self.name) from over_sse
+
+    async def _open_with(self, config: McpServerConfig, timeout_s: float) -> Client:
+        """Opens a session over ``config``'s transport; the one that answers is kept in
+        ``self.config`` (an ``auto`` entry then reconnects the same way)."""
         self._stop = asyncio.Event()
         ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
         self._ready = ready
-        self._holder = asyncio.create_task(self._hold(ready, self._stop), name=f"mcp-server-{self.name}")
+        self._holder = asyncio.create_task(self._hold(config, ready, self._stop), name=f"mcp-server-{self.name}")
         try:
             # shield: giving up waiting must not cancel ``ready`` under the holder.
             client = await asyncio.wait_for(asyncio.shield(ready), timeout_s)
@@ -800,14 +819,15 @@ class _Connection:
             raise McpServerError(
                 f"MCP server {self.name!r} is unavailable: {_describe_connect_failure(e)}", server=self.name
             ) from e
+        self.config = config
         self._client = client
         return client
 
-    async def _hold(self, ready: asyncio.Future[Client], stop: asyncio.Event) -> None:
+    async def _hold(self, config: McpServerConfig, ready: asyncio.Future[Client], stop: asyncio.Event) -> None:
         """Opens the transport and session, publishes the client, and closes both on ``stop``."""
         try:
             client = Client(
-                _open_streams(self.config, on_end=stop.set),
+                _open_streams(config, on_end=stop.set),
                 client_info=self._client_info,
                 # The catalog decides when to refetch listings; a response cache would only
                 # hide a server's changes from it.
