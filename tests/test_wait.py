@@ -484,6 +484,18 @@ def _advanced(cm: CodeMode, run_id: str, status: str) -> Any:
     return run
 
 
+def _advanced_then_killed(cm: CodeMode, gate: Gate, session: Any, code: str) -> dict[str, Any]:
+    """Runs ``code`` until it suspends on ``slow``, lets a background advance take it on once
+    ``slow`` answers, then SIGKILLs the workers: the resident runtime is gone. The ``waiting``
+    result."""
+    first = exec_(session, code)
+    gate.open()
+    _advanced(cm, first["runId"], "suspended")
+    for pid in cm._supervisor.worker_pids():
+        os.kill(pid, signal.SIGKILL)
+    return first
+
+
 @pytest.fixture
 def recorded(wcm: CodeMode) -> list[int]:
     calls: list[int] = []
@@ -550,11 +562,8 @@ def test_an_advance_stops_at_a_yield_and_the_wait_reports_it(wcm, gate):
 
 def test_worker_killed_after_an_advance_replays_with_the_held_calls(wcm, gate, recorded):
     s = wcm.session()
-    first = exec_(s, "const v = await tools.slow({n: 3}); text('got ' + v); return await tools.record({x: v}) + 1")
-    gate.open()
-    _advanced(wcm, first["runId"], "suspended")
-    for pid in wcm._supervisor.worker_pids():
-        os.kill(pid, signal.SIGKILL)
+    code = "const v = await tools.slow({n: 3}); text('got ' + v); return await tools.record({x: v}) + 1"
+    first = _advanced_then_killed(wcm, gate, s, code)
     done = s.wait({"runId": first["runId"]})
     assert (done["status"], done["value"]) == ("completed", 31), done
     assert recorded == [30]
@@ -648,11 +657,7 @@ def test_a_replay_that_fails_after_an_advance_fails_the_wait(wcm, gate, recorded
     from codemode import supervisor
 
     s = wcm.session()
-    first = exec_(s, "const v = await tools.slow({n: 1}); return await tools.record({x: v})")
-    gate.open()
-    _advanced(wcm, first["runId"], "suspended")
-    for pid in wcm._supervisor.worker_pids():
-        os.kill(pid, signal.SIGKILL)
+    first = _advanced_then_killed(wcm, gate, s, "const v = await tools.slow({n: 1}); return await tools.record({x: v})")
     wait_until(lambda: all(w.proc.poll() is not None for w in wcm._supervisor._idle), "the worker is gone")
 
     def cannot_start(*args: Any, **kwargs: Any) -> None:
