@@ -2,7 +2,7 @@
 
 from typing import TypeAlias, final
 
-__all__ = ["PRELUDE_HASH", "YIELD_TOOL", "Catalog", "Engine", "EngineInitError", "__version__"]
+__all__ = ["PRELUDE_HASH", "YIELD_TOOL", "Catalog", "Engine", "EngineInitError", "__version__", "spin_readable"]
 
 #: ``(code, name, message, stack)`` of a failed run; ``code`` is None for a guest exception.
 _Failure: TypeAlias = tuple[str | None, str, str, str]
@@ -53,3 +53,7 @@ class Engine:
     def settle(self, results: list[tuple[int, bool, str]], timeout_ms: float) -> _Outcome: ...
     def replay_clock(self, readings: list[float]) -> None: ...
     def memory_bytes(self) -> int: ...
+
+def spin_readable(fd: int, seconds: float) -> bool:
+    """Polls ``fd`` without sleeping, for up to ``seconds`` (at most 1), with the GIL released;
+    True once it is readable (or in error)."""

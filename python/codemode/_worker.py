@@ -147,22 +147,29 @@ def main() -> None:
     write_all(wfd, encode(Ready(os.getpid(), __version__)))
     poller = select.poll()
     poller.register(rfd, select.POLLIN)
-    parked = False
+    #: The run whose report parked it on tools (None: nothing waits on us), and the last run
+    #: that has had a park timed for the idle work.
+    parked = timed = None
     while True:
         body = reader.poll()
         if body is None:
             # A run parked on tools usually hears back within microseconds (sync tools):
-            # do not start a ~200 µs rebuild in its way unless the host is slow to answer.
-            # With nothing to do, the read blocks at once (no poll and timer before it).
-            if not parked or (worker.has_idle_work() and not poller.poll(PARKED_GRACE_MS)):
+            # do not start a ~500 µs rebuild in its way unless the host is slow to answer.
+            # Only a run's first park is timed so: the rest block in the read at once (a
+            # syscall less per call; the rebuild then waits for the run's end).
+            if parked is None:
                 worker.idle()
+            elif parked != timed and worker.has_idle_work():
+                timed = parked
+                if not poller.poll(PARKED_GRACE_MS):
+                    worker.idle()
             body = reader.read_blocking()
             if body is None:
                 return
         reply = worker.handle(decode(body))
         if reply is not None:
             write_all(wfd, encode(reply))
-        parked = isinstance(reply, Report) and reply.status == "pending"
+        parked = reply.run if isinstance(reply, Report) and reply.status == "pending" else None
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ from mcp_types import CONNECTION_CLOSED, Implementation, PaginatedResult
 from pydantic import ValidationError
 
 from .errors import ClosedError, CodemodeError, ConfigError
+from .hotloop import HotLoop
 
 if TYPE_CHECKING:
     # The stream contract of the public ``mcp.client.Transport`` protocol, defined next to it.
@@ -502,8 +503,10 @@ class McpServers:
             started.set()
             await self._loop_done.wait()
 
-        # asyncio.run also cancels whatever is left and closes the loop once main returns.
-        asyncio.run(main())
+        # Like asyncio.run, the runner cancels whatever is left and closes the loop once main
+        # returns. A HotLoop: the relay answers workers from it (see `hotloop`).
+        with asyncio.Runner(loop_factory=HotLoop) as runner:
+            runner.run(main())
 
     def on_loop_thread(self) -> bool:
         """True on the thread of ``event_loop()``: blocking there on MCP work never finishes."""

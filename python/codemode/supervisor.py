@@ -44,6 +44,7 @@ import msgspec
 from . import protocol
 from ._engine import YIELD_TOOL
 from .errors import ClosedError, ProtocolError, WorkerCrashed, WorkerUnavailable
+from .hotloop import watch
 from .protocol import Configure, Drop, Fault, Ready, Replay, Report, Settle, Start, decode_guest_json
 from .runs import JournalCall, Run, input_hash
 from .tools import settles_directly
@@ -311,10 +312,12 @@ class _Relay:
         with self._lock:
             if self._active:
                 self._loop.add_reader(self._fd, self._readable)
+                watch(self._loop, 1)  # the loop polls before it sleeps (see `hotloop`)
 
     def _detach(self) -> None:
         """On the loop thread, once: stops watching and closes the dup."""
-        self._loop.remove_reader(self._fd)
+        if self._loop.remove_reader(self._fd):
+            watch(self._loop, -1)
         os.close(self._fd)
 
     def _readable(self) -> None:

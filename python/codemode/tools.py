@@ -27,6 +27,7 @@ import msgspec
 
 from . import catalog
 from .errors import ToolDefinitionError
+from .hotloop import HotLoop
 from .mcp_api import declarations, mcp_names, tool_declaration
 from .namespaces import CallTable
 from .policy import Approver, Block, Hook, HookResult, Policy, Rewrite, ToolCallEvent, Trace, TraceEvent
@@ -286,7 +287,7 @@ class BackgroundLoop:
     def get(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:
-                loop = asyncio.new_event_loop()
+                loop = HotLoop()  # the relay answers workers from it (see `hotloop`)
                 thread = threading.Thread(target=loop.run_forever, name="codemode-tools", daemon=True)
                 thread.start()
                 self._loop, self._thread = loop, thread

@@ -3,10 +3,12 @@
 //! Only argument conversion lives here. Outcomes cross as plain tuples so the worker can put
 //! them into protocol frames without another layer of objects. The engine is not `Send`, and
 //! the worker is single-threaded, so there is no `detach`: no other Python thread could run.
+//! The host uses one helper from here, `spin_readable`, which does detach.
 
 mod errors;
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use codemode_engine::{Catalog as InnerCatalog, Engine as Inner, Language, Limits, Outcome, Settlement, Status};
 use pyo3::exceptions::PyValueError;
@@ -150,14 +152,40 @@ impl Engine {
     }
 }
 
+/// Polls `fd` without sleeping, for up to `seconds`, with the GIL released; true once it is
+/// readable (or in error: the caller's own read or select reports that). `hotloop` polls its
+/// selector's fd so, where it would otherwise sleep for a reply due within microseconds.
+#[pyfunction]
+fn spin_readable(py: Python<'_>, fd: i32, seconds: f64) -> bool {
+    let seconds = if seconds > 0.0 { seconds.min(1.0) } else { 0.0 }; // NaN too
+    let end = Instant::now() + Duration::from_secs_f64(seconds);
+    py.detach(|| {
+        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        loop {
+            // SAFETY: one valid pollfd; a zero timeout never blocks.
+            if unsafe { libc::poll(&mut pfd, 1, 0) } != 0 {
+                return true;
+            }
+            if Instant::now() >= end {
+                return false;
+            }
+            std::hint::spin_loop();
+        }
+    })
+}
+
 #[pymodule]
 fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Engine>()?;
     m.add_class::<Catalog>()?;
+    m.add_function(wrap_pyfunction!(spin_readable, m)?)?;
     m.add("EngineInitError", m.py().get_type::<errors::EngineInitError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("PRELUDE_HASH", format!("{:016x}", codemode_engine::prelude_hash()))?;
     m.add("YIELD_TOOL", codemode_engine::YIELD_TOOL)?;
-    m.add("__all__", ["PRELUDE_HASH", "YIELD_TOOL", "Catalog", "Engine", "EngineInitError", "__version__"])?;
+    m.add(
+        "__all__",
+        ["PRELUDE_HASH", "YIELD_TOOL", "Catalog", "Engine", "EngineInitError", "__version__", "spin_readable"],
+    )?;
     Ok(())
 }
