@@ -586,3 +586,52 @@ def test_duplicate_and_unknown_server_names_are_config_errors() -> None:
         with pytest.raises(ConfigError, match=r"no MCP server named 'nope' is configured"):
             own.call_tool("nope", "tool")
         assert own.names() == ["time"]
+
+
+def test_environment_references_are_expanded_where_other_clients_expand_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CM_TOKEN", "s3cret")
+    monkeypatch.setenv("CM_EMPTY", "")
+    monkeypatch.delenv("CM_UNSET", raising=False)
+    stdio = parse_server_config(
+        "claude-code",
+        {
+            "command": "${CM_UNSET:-npx}",
+            "args": ["--token=${CM_TOKEN}", "${CM_EMPTY:-fallback}", "$CM_TOKEN", "${input:key}", "${userHome}/x"],
+            "env": {"TOKEN": "${env:CM_TOKEN}", "EMPTY": "${CM_EMPTY}", "PLAIN": "no refs"},
+            "cwd": "${workspaceFolder}",
+        },
+    )
+    assert isinstance(stdio, McpStdioServerConfig)
+    assert stdio.command == "npx"
+    # ':-' applies to unset and empty; a bare $VAR and VS Code's ${input:...} are not references.
+    home = os.path.expanduser("~")
+    assert stdio.args == ("--token=s3cret", "fallback", "$CM_TOKEN", "${input:key}", f"{home}/x")
+    assert stdio.env == {"TOKEN": "s3cret", "EMPTY": "", "PLAIN": "no refs"}
+    assert stdio.cwd == os.getcwd()
+    http = parse_server_config(
+        "cursor",
+        {"serverUrl": "https://${CM_UNSET:-h.example}/mcp", "headers": {"Authorization": "Bearer ${CM_TOKEN}"}},
+    )
+    assert msgspec.to_builtins(http)["url"] == "https://h.example/mcp"
+    assert msgspec.to_builtins(http)["headers"] == {"Authorization": "Bearer s3cret"}
+    # Keys codemode ignores are not read at all, references and all.
+    parse_server_config("vscode", {"command": "uvx", "envFile": "${CM_UNSET}/.env"})
+
+
+def test_an_unset_environment_reference_names_the_server_the_key_and_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("CM_UNSET", raising=False)
+    with pytest.raises(ConfigError, match=r"^MCP server 'gh': 'env' refers to \$\{CM_UNSET\}, which is not set"):
+        parse_server_config("gh", {"command": "srv", "env": {"GITHUB_TOKEN": "${CM_UNSET}"}})
+    with pytest.raises(ConfigError, match=r"^MCP server 'w': 'serverUrl' refers to \$\{CM_UNSET\}"):
+        parse_server_config("w", {"serverUrl": "https://${env:CM_UNSET}/mcp"})
+
+
+def test_an_expanded_secret_reaches_the_stdio_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CM_SECRET_FOR_SERVER", "from-the-host")
+    config = {**everything_server(), "env": {"CODEMODE_MCP_TEST": "${CM_SECRET_FOR_SERVER}"}}
+    with McpServers({"every": config}) as own:
+        env = json.loads(text_of(own.call_tool("every", "get-env")))
+    assert env["CODEMODE_MCP_TEST"] == "from-the-host"
+    assert "CM_SECRET_FOR_SERVER" not in env  # only what the entry passes on

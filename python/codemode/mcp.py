@@ -35,6 +35,7 @@ import concurrent.futures
 import contextvars
 import importlib.metadata
 import logging
+import os
 import re
 import sys
 import threading
@@ -228,6 +229,15 @@ def parse_server_config(name: str, config: Mapping[str, Any] | McpServerConfig) 
       ``oauth``, Gemini CLI's ``includeTools``...), and refusing them would let one copied entry
       stop the whole host. The warning still shows a misspelt optional key or a setting that is
       not applied here, and a misspelt ``command`` or ``url`` still fails: the entry has neither.
+    * Environment references in ``command``, ``args``, ``env``, ``cwd``, ``url`` and
+      ``headers`` values are expanded from the host's environment when the entry is read:
+      ``${VAR}`` and ``${VAR:-default}`` (Claude Code), ``${env:VAR}`` (Cursor, VS Code). This
+      is how those entries pass a secret to a server (``"env": {"TOKEN": "${TOKEN}"}``), since
+      a stdio server does not inherit the host's environment. Cursor's and VS Code's
+      ``${userHome}`` and ``${workspaceFolder}`` are the home directory and the directory the
+      host runs in. A variable that is not set, with no default, is a ``ConfigError``: sent on
+      as text it would only fail later, as a login error from the server. A bare ``$VAR`` and
+      VS Code's ``${input:...}`` prompts are left as they are.
     * ``timeout`` is such a key, not applied: Cline means seconds and Gemini CLI milliseconds,
       so either reading breaks the other's entries (60 ms, or a 7-day wait). The request timeout
       here is ``McpServers(timeout_s=...)``.
@@ -264,6 +274,7 @@ def _parse_entry(name: str, config: Mapping[str, Any]) -> McpServerConfig:
             spelled[key] = alias
     if "command" in entry and "url" in entry:
         raise ConfigError(f"MCP server {name!r}: set either 'command' (stdio) or 'url' (HTTP), not both")
+    _expand_env_refs(name, entry, spelled)
     if "command" not in entry and "url" not in entry:
         raise ConfigError(f"MCP server {name!r}: the config needs 'command' (stdio) or 'url' (HTTP)")
     kind: type[McpServerConfig] = McpStdioServerConfig if "command" in entry else McpHttpServerConfig
@@ -291,6 +302,43 @@ def _parse_entry(name: str, config: Mapping[str, Any]) -> McpServerConfig:
     if ignored:
         logger.warning("MCP server %r: ignoring keys codemode does not use: %s", name, ", ".join(map(repr, ignored)))
     return parsed
+
+
+#: ``${VAR}``, ``${VAR:-default}`` (Claude Code) and ``${env:VAR}`` (Cursor, VS Code).
+_ENV_REF = re.compile(r"\$\{(env:)?([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+#: Cursor's and VS Code's own variables, which their entries use in paths.
+_PREDEFINED: dict[str, Callable[[], str]] = {"userHome": lambda: os.path.expanduser("~"), "workspaceFolder": os.getcwd}
+#: The keys whose string values (or list items, or mapping values) may hold them.
+_EXPANDED = ("command", "args", "env", "cwd", "url", "headers")
+
+
+def _expand_env_refs(name: str, entry: dict[str, Any], spelled: Mapping[str, str]) -> None:
+    """Expands `_ENV_REF` references in place, from ``os.environ`` (see `parse_server_config`).
+    Values of the wrong type are left for the entry's own validation to report."""
+
+    def expand(key: str, text: str) -> str:
+        def value(ref: re.Match[str]) -> str:
+            prefixed, var, default = ref.group(1), ref.group(2), ref.group(3)
+            found = _PREDEFINED[var]() if not prefixed and var in _PREDEFINED else os.environ.get(var)
+            if found is None or (found == "" and default is not None):  # ':-': unset or empty
+                if default is None:
+                    raise ConfigError(
+                        f"MCP server {name!r}: {spelled.get(key, key)!r} refers to ${{{var}}}, which is not set"
+                        f" in the environment (write ${{{var}:-default}} to give a default)"
+                    )
+                return default
+            return found
+
+        return _ENV_REF.sub(value, text) if "${" in text else text
+
+    for key in _EXPANDED:
+        value = entry.get(key)
+        if isinstance(value, str):
+            entry[key] = expand(key, value)
+        elif isinstance(value, list | tuple):
+            entry[key] = [expand(key, item) if isinstance(item, str) else item for item in value]
+        elif isinstance(value, Mapping):
+            entry[key] = {k: expand(key, v) if isinstance(v, str) else v for k, v in value.items()}
 
 
 class McpServers:
