@@ -7,10 +7,11 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from typing import Any
 
 import pytest
-from codemode import CodeMode
+from codemode import CodeMode, supervisor
 from codemode.supervisor import Supervisor
 from mcp_servers import everything_server
 
@@ -82,8 +83,9 @@ def test_sequential_mcp_calls_are_taken_by_the_relay_and_give_every_value(rcm, m
     assert result["value"] == [i + 1 for i in range(30)]
     assert result["telemetry"]["toolCalls"] == 30
     assert result["output"] == [{"type": "text", "text": f"at {i}"} for i in (0, 10, 20)]
-    # The first report starts the first call, the last one ends the run: the driver takes those.
-    assert (takes.driver, takes.relay) == (2, 29)
+    # The driver leaves the first report to the relay too (its call runs on the MCP loop) and
+    # takes only the last one, which ends the run.
+    assert (takes.driver, takes.relay) == (1, 30)
 
 
 def test_mcp_and_sync_tools_mixed_in_one_cell(rcm, monkeypatch):
@@ -109,6 +111,52 @@ def test_mcp_and_sync_tools_mixed_in_one_cell(rcm, monkeypatch):
     # on a loaded machine the driver may still be on its way to parking when a result lands
     # (it then settles that one itself), so not all five are the relay's every time.
     assert takes.relay >= 1
+
+
+def test_a_first_report_the_relay_cannot_take_goes_back_to_the_driver(rcm, monkeypatch):
+    takes = Takes(monkeypatch)
+    firsts: list[bool] = []
+    take = supervisor._Relay._take_locked
+
+    def recorded(relay: Any, first: Any) -> bool:
+        handed_back = take(relay, first)
+        if first is not None:
+            firsts.append(handed_back)
+        return handed_back
+
+    monkeypatch.setattr(supervisor._Relay, "_take_locked", recorded)
+    code = """
+        const [a, b] = await Promise.all([MCP.everything.getSum({a: 1, b: 1}), tools.double({n: 3})]);
+        return [a.content[0].text, b];
+    """
+    result = rcm.session("relay").exec({"code": code})
+    assert result["status"] == "completed", result
+    assert result["value"] == ["The sum of 1 and 1 is 2.", 6]
+    assert result["telemetry"]["toolCalls"] == 2
+    # Its first call runs on the MCP loop, so the relay got the report; the sync call beside it
+    # runs inline, on the driver: the relay handed it back, and the driver took it.
+    assert firsts == [True]
+    assert takes.driver >= 2
+
+
+def test_a_first_report_the_loop_never_gets_to_is_taken_by_the_driver(make_codemode, monkeypatch):
+    takes = Takes(monkeypatch)
+    cm = mcp_codemode(make_codemode, 150)
+    session = cm.session("relay")
+    loop = cm._mcp.event_loop()
+    # The MCP loop is busy past the cell's deadline: the relay given the first report never
+    # starts watching, and the driver, at the deadline, takes the report back as read.
+    loop.call_soon_threadsafe(time.sleep, 0.6)
+    result = session.exec({"code": "return (await MCP.everything.getSum({a: 2, b: 5})).content[0].text"})
+    assert result["status"] == "waiting", result
+    assert [c["toolId"] for c in result["pendingToolCalls"]] == ["mcp:everything:get-sum"]
+    assert takes.driver == 1 and takes.relay == 0
+    for _ in range(20):
+        result = session.wait({"runId": result["runId"]})
+        if result["status"] != "waiting":
+            break
+    assert result["status"] == "completed", result
+    assert result["value"] == "The sum of 2 and 5 is 7."
 
 
 def test_mcp_call_pending_at_the_deadline_suspends_and_wait_completes(make_codemode, monkeypatch):

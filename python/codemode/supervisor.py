@@ -233,6 +233,11 @@ class _Relay:
     the pipe is handed back untouched, and the driver (asleep on the dispatcher's wake fd,
     never on the worker) goes on as if it had read it itself.
 
+    ``first``: a report the driver read but leaves to the relay, whose calls it guessed run on
+    this loop (`Dispatcher.loop_of`): the loop's thread takes it when it starts watching, and
+    starts the calls on its own loop, instead of the driver handing each to it (a wake-up and a
+    GIL hand-off less before a cell's first ``MCP.*`` call). Not taken, it is handed back.
+
     ``_lock`` guards who reads the worker: the relay only while ``_active``; the driver clears
     it (hand-back, waiting results, or the deadline) before it touches the worker again. A
     partial frame stays in the worker's reader. The loop watches a dup of the worker's read fd
@@ -248,6 +253,7 @@ class _Relay:
         step: Step,
         loop: asyncio.AbstractEventLoop,
         deadline: float,
+        first: protocol.WorkerFrame | None = None,
     ) -> None:
         self._supervisor = supervisor
         self._worker = worker
@@ -263,6 +269,7 @@ class _Relay:
         self._frame: protocol.WorkerFrame | None = None
         self._error: Exception | None = None
         self._eof = False
+        self._first = first
 
     def wait(self) -> protocol.WorkerFrame | None:
         """On the driver, in place of ``worker.recv(deadline, wake_fd)``: sleeps until the relay
@@ -273,6 +280,8 @@ class _Relay:
             self._loop.call_soon_threadsafe(self._attach)
         except RuntimeError:  # the loop is closed
             os.close(self._fd)
+            if self._first is not None:
+                return self._first
             return self._worker.recv(self._deadline, dispatcher.wake_fd)
         poller = select.poll()
         poller.register(dispatcher.wake_fd, select.POLLIN)
@@ -299,6 +308,8 @@ class _Relay:
                 self._loop.call_soon_threadsafe(self._detach)
             except RuntimeError:
                 pass  # closed: its selector watches nothing any more (the dup is leaked)
+            if self._first is not None:
+                return self._first  # the loop never got to it: the driver takes it, as read
             if timeout <= 0:
                 raise Deadline
             return None
@@ -310,9 +321,14 @@ class _Relay:
 
     def _attach(self) -> None:
         with self._lock:
-            if self._active:
-                self._loop.add_reader(self._fd, self._readable)
-                watch(self._loop, 1)  # the loop polls before it sleeps (see `hotloop`)
+            if not self._active:
+                return
+            self._loop.add_reader(self._fd, self._readable)
+            watch(self._loop, 1)  # the loop polls before it sleeps (see `hotloop`)
+            first, self._first = self._first, None
+            handed_back = first is not None and self._take_locked(first)
+        if handed_back:
+            self._run.dispatcher.wake()
 
     def _detach(self) -> None:
         """On the loop thread, once: stops watching and closes the dup."""
@@ -321,31 +337,39 @@ class _Relay:
         os.close(self._fd)
 
     def _readable(self) -> None:
-        worker, run, dispatcher = self._worker, self._run, self._run.dispatcher
         with self._lock:
             if not self._active:
                 return  # the driver took it back; `_detach` is on its way
-            try:
-                if not worker.reader.fill():
-                    self._eof = True
-                else:
+            handed_back = self._take_locked(None)
+        if handed_back:
+            self._run.dispatcher.wake()
+
+    def _take_locked(self, first: protocol.WorkerFrame | None) -> bool:
+        """Under ``_lock``, while active: takes ``first``, or what the worker wrote, and every
+        report after it that only starts calls here. True if it handed back instead (the
+        frame it did not take, the error it met, or the pipe's end), and stopped watching."""
+        worker, run, dispatcher = self._worker, self._run, self._run.dispatcher
+        try:
+            if first is None and not worker.reader.fill():
+                self._eof = True
+            else:
+                frame = first if first is not None else worker.take_frame()
+                # A frame while armed: the worker spoke unasked (the driver says so).
+                while frame is not None and not dispatcher.armed:
+                    if self._supervisor._take_report(worker, run, frame, self._step, self._loop) is None:
+                        break
+                    self._deadline = max(self._deadline, self._step.deadline)
+                    self._supervisor._settle_or_arm(worker, run, self._deadline, self._step, driving=False)
                     frame = worker.take_frame()
-                    # A frame while armed: the worker spoke unasked (the driver says so).
-                    while frame is not None and not dispatcher.armed:
-                        if self._supervisor._take_report(worker, run, frame, self._step, self._loop) is None:
-                            break
-                        self._deadline = max(self._deadline, self._step.deadline)
-                        self._supervisor._settle_or_arm(worker, run, self._deadline, self._step, driving=False)
-                        frame = worker.take_frame()
-                    if frame is None:
-                        return  # taken, or the rest of it is still to come
-                    self._frame = frame
-            except Exception as e:
-                self._error = e
-            self._active = False
-            self._handed_back = True
-            self._detach()
-        dispatcher.wake()
+                if frame is None:
+                    return False  # taken, or the rest of it is still to come
+                self._frame = frame
+        except Exception as e:
+            self._error = e
+        self._active = False
+        self._handed_back = True
+        self._detach()
+        return True
 
 
 def _carry(ahead: Step | None) -> Step:
@@ -723,40 +747,48 @@ class Supervisor:
         journal = run.journal
         dispatcher = run.dispatcher
         frame: protocol.WorkerFrame | None = None
+        handed_back: protocol.WorkerFrame | None = None  # a report the relay did not take
         while True:
             if frame is None:
                 frame = worker.recv(deadline + KILL_GRACE_S)
-            if self._take_report(worker, run, frame, step, hold=ahead):
+            # A report whose calls likely all run on one loop goes to that loop's relay whole.
+            first: protocol.WorkerFrame | None = None
+            loop: asyncio.AbstractEventLoop | None = None
+            if not ahead and frame is not handed_back and isinstance(frame, Report) and frame.status == "pending":
+                loop = dispatcher.loop_of(frame.calls)
+                first = frame if loop is not None else None
+            if first is None and self._take_report(worker, run, frame, step, hold=ahead):
                 return
             frame = None
             # Parked: the guest awaits tools and the worker answers nothing until it is settled.
             while True:
-                if run.yields:
-                    step.status, step.reason = "suspended", "yield"
-                    return
-                if journal.restart_safe or run.held:
-                    # Restart-safe runs are never drained within the call (the spec), not even
-                    # by a tool that answered at once: each result goes through a `wait`. Held
-                    # calls (`advance`) start with the next `wait`.
-                    step.status, step.reason = "suspended", "pending_tools"
-                    return
-                if ahead:
-                    # An advance never parks: a result that lands later advances it again.
-                    results = dispatcher.take_ready()
-                    if not results:
+                if first is None:  # (else the relay journals that report and starts its calls)
+                    if run.yields:
+                        step.status, step.reason = "suspended", "yield"
+                        return
+                    if journal.restart_safe or run.held:
+                        # Restart-safe runs are never drained within the call (the spec), not
+                        # even by a tool that answered at once: each result goes through a
+                        # `wait`. Held calls (`advance`) start with the next `wait`.
                         step.status, step.reason = "suspended", "pending_tools"
                         return
-                    deadline = self._hand_results(worker, run, results, deadline, step)
-                    break
-                if self._settle_or_arm(worker, run, deadline, step, driving=True):
-                    deadline = step.deadline
-                    break
-                loop = dispatcher.loop()
+                    if ahead:
+                        # An advance never parks: a result that lands later advances it again.
+                        results = dispatcher.take_ready()
+                        if not results:
+                            step.status, step.reason = "suspended", "pending_tools"
+                            return
+                        deadline = self._hand_results(worker, run, results, deadline, step)
+                        break
+                    if self._settle_or_arm(worker, run, deadline, step, driving=True):
+                        deadline = step.deadline
+                        break
+                    loop = dispatcher.loop()
                 try:
                     if loop is None:
                         spoke = worker.recv(deadline, dispatcher.wake_fd)
                     else:
-                        spoke = _Relay(self, worker, run, step, loop, deadline).wait()
+                        spoke = _Relay(self, worker, run, step, loop, deadline, first).wait()
                     timed_out = False
                 except Deadline:
                     spoke, timed_out = None, True
@@ -767,9 +799,12 @@ class Supervisor:
                 if not armed:
                     # Settled by a tool's thread: the worker's report is next (or already here).
                     # (its deadline, if it has got that far: else ours, which the grace covers)
+                    # Or the relay did not take the first report: the driver takes it.
                     deadline = max(deadline, step.deadline)
                     frame = spoke
+                    handed_back = first
                     break
+                first = None
                 if timed_out:
                     step.status, step.reason = "suspended", "pending_tools"
                     return

@@ -743,6 +743,28 @@ class Dispatcher:
         with self._lock:
             return len(self._futures)
 
+    def loop_of(self, calls: list[tuple[int, str, str]]) -> asyncio.AbstractEventLoop | None:
+        """The loop ``submit`` would likely start these calls on, with nothing else in flight
+        or waiting: the first one's, if it is an async call on a loop; else None. A guess for
+        the relay, which checks with ``submit(only_on=...)`` and hands the calls back when it is
+        wrong."""
+        with self._lock:
+            if self._futures or self._ready or not calls:
+                return None
+        _, tool_id, input_json = calls[0]
+        if tool_id == MCP_TOOL:
+            try:
+                request = _decode(input_json)
+            except msgspec.DecodeError:
+                return None
+            if not isinstance(request, dict) or "id" not in request:
+                return self._loop() if self._mcp_ops is not None else None  # resources and prompts
+            tool_id = str(request["id"])
+        tool = self.view.tools.get(tool_id)
+        if tool is None or not (tool.is_async or self._gate_is_async):
+            return None
+        return (tool.loop or self._loop)()
+
     def loop(self) -> asyncio.AbstractEventLoop | None:
         """The one event loop every in-flight call runs on; None if none is in flight, or if
         they run on several."""
