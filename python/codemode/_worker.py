@@ -18,9 +18,12 @@ from . import protocol
 from ._engine import Catalog, Engine, EngineInitError, __version__
 from .protocol import Configure, Drop, Fault, Ready, Replay, Report, Settle, Start
 
-#: How long a worker whose run just parked on tool calls, or ended after it had parked, gives
-#: the host before it does its idle work (freeing the last engine, building the next).
-PARKED_GRACE_MS = 2
+#: How long a worker whose run just parked on tool calls gives the host to answer before it
+#: does its idle work (freeing the last engine, building the next), in seconds.
+PARKED_GRACE_S = 0.002
+#: The same for a run that ended after it had parked: the host is finishing the ``exec``. Short,
+#: so that the next engine is still built before a cell that follows within a few ms.
+ENDED_GRACE_S = 0.0005
 
 
 def _limit(kind: int, value: int) -> None:
@@ -145,17 +148,15 @@ def main() -> None:
     encode = protocol.encode
     worker = Worker()
     write_all(wfd, encode(Ready(os.getpid(), __version__)))
-    poller = select.poll()
-    poller.register(rfd, select.POLLIN)
     #: Before it blocks for the next frame, the worker does its idle work (~0.5 ms: free the last
-    #: engine, build the next) after giving the host this many ms to send a frame first; None:
-    #: not now. And the run whose park got that grace already.
-    grace: int | None = 0
+    #: engine, build the next) after giving the host this many seconds to send a frame first;
+    #: None: not now. And the run whose park got that grace already.
+    grace: float | None = 0.0
     graced_run = None
     while True:
         body = reader.poll()
         if body is None:
-            if grace is not None and worker.has_idle_work() and not (grace and poller.poll(grace)):
+            if grace is not None and worker.has_idle_work() and not (grace and select.select([rfd], [], [], grace)[0]):
                 worker.idle()
             body = reader.read_blocking()
             if body is None:
@@ -168,15 +169,15 @@ def main() -> None:
             # Parked on tools, which usually answer within microseconds: the rebuild waits for a
             # slow answer, and only on a run's first park (the later ones block in the read at
             # once: a syscall less per call).
-            grace = None if reply.run == graced_run else PARKED_GRACE_MS
+            grace = None if reply.run == graced_run else PARKED_GRACE_S
             graced_run = reply.run
         elif isinstance(frame, Settle):
             # A run that parked has ended. The host may be finishing it on a thread that a
             # rebuild started now would keep off a CPU for its whole ~0.5 ms (measured: an exec
             # whose last MCP result was relayed returned 0.4 ms later).
-            grace = PARKED_GRACE_MS
+            grace = ENDED_GRACE_S
         else:
-            grace = 0
+            grace = 0.0
 
 
 if __name__ == "__main__":
