@@ -596,7 +596,14 @@ def test_environment_references_are_expanded_where_other_clients_expand_them(mon
         "claude-code",
         {
             "command": "${CM_UNSET:-npx}",
-            "args": ["--token=${CM_TOKEN}", "${CM_EMPTY:-fallback}", "$CM_TOKEN", "${input:key}", "${userHome}/x"],
+            "args": [
+                "--token=${CM_TOKEN}",
+                "${CM_EMPTY:-fallback}",
+                "$CM_TOKEN",
+                "${input:key}",
+                "${userHome}/x",
+                "${workspaceFolderBasename}${pathSeparator}${cwd}",
+            ],
             "env": {"TOKEN": "${env:CM_TOKEN}", "EMPTY": "${CM_EMPTY}", "PLAIN": "no refs"},
             "cwd": "${workspaceFolder}",
         },
@@ -605,7 +612,15 @@ def test_environment_references_are_expanded_where_other_clients_expand_them(mon
     assert stdio.command == "npx"
     # ':-' applies to unset and empty; a bare $VAR and VS Code's ${input:...} are not references.
     home = os.path.expanduser("~")
-    assert stdio.args == ("--token=s3cret", "fallback", "$CM_TOKEN", "${input:key}", f"{home}/x")
+    here = os.getcwd()
+    assert stdio.args == (
+        "--token=s3cret",
+        "fallback",
+        "$CM_TOKEN",
+        "${input:key}",
+        f"{home}/x",
+        f"{os.path.basename(here)}{os.sep}{here}",
+    )
     assert stdio.env == {"TOKEN": "s3cret", "EMPTY": "", "PLAIN": "no refs"}
     assert stdio.cwd == os.getcwd()
     http = parse_server_config(
@@ -614,17 +629,21 @@ def test_environment_references_are_expanded_where_other_clients_expand_them(mon
     )
     assert msgspec.to_builtins(http)["url"] == "https://h.example/mcp"
     assert msgspec.to_builtins(http)["headers"] == {"Authorization": "Bearer s3cret"}
-    # Keys codemode ignores are not read at all, references and all.
+    # Keys codemode ignores are not read at all, references and all; nor are disabled entries
+    # (often the ones whose secret is not set).
     parse_server_config("vscode", {"command": "uvx", "envFile": "${CM_UNSET}/.env"})
+    off = parse_server_config("off", {"command": "srv", "env": {"T": "${CM_UNSET}"}, "disabled": True})
+    assert isinstance(off, McpStdioServerConfig) and off.env == {"T": "${CM_UNSET}"}
 
 
 def test_an_unset_environment_reference_names_the_server_the_key_and_the_variable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("CM_UNSET", raising=False)
-    with pytest.raises(ConfigError, match=r"^MCP server 'gh': 'env' refers to \$\{CM_UNSET\}, which is not set"):
+    unset = r"but CM_UNSET is not set in the environment \(write \$\{CM_UNSET:-default\} to give a default\)$"
+    with pytest.raises(ConfigError, match=r"^MCP server 'gh': 'env' refers to \$\{CM_UNSET\}, " + unset):
         parse_server_config("gh", {"command": "srv", "env": {"GITHUB_TOKEN": "${CM_UNSET}"}})
-    with pytest.raises(ConfigError, match=r"^MCP server 'w': 'serverUrl' refers to \$\{CM_UNSET\}"):
+    with pytest.raises(ConfigError, match=r"^MCP server 'w': 'serverUrl' refers to \$\{env:CM_UNSET\}, " + unset):
         parse_server_config("w", {"serverUrl": "https://${env:CM_UNSET}/mcp"})
 
 

@@ -129,8 +129,11 @@ def test_a_first_report_the_relay_cannot_take_goes_back_to_the_driver(rcm, monke
         const [a, b] = await Promise.all([MCP.everything.getSum({a: 1, b: 1}), tools.double({n: 3})]);
         return [a.content[0].text, b];
     """
+    started = time.monotonic()
     result = rcm.session("relay").exec({"code": code})
     assert result["status"] == "completed", result
+    # At once: the driver heard of the hand-back (it once slept through it until the deadline).
+    assert time.monotonic() - started < 5.0
     assert result["value"] == ["The sum of 1 and 1 is 2.", 6]
     assert result["telemetry"]["toolCalls"] == 2
     # Its first call runs on the MCP loop, so the relay got the report; the sync call beside it
@@ -157,6 +160,29 @@ def test_a_first_report_the_loop_never_gets_to_is_taken_by_the_driver(make_codem
             break
     assert result["status"] == "completed", result
     assert result["value"] == "The sum of 2 and 5 is 7."
+
+
+def test_a_restart_safe_first_report_is_not_offered_to_a_busy_relay(make_codemode):
+    cm = make_codemode({"workers": 1, "timeoutMs": 5_000})
+
+    @cm.tool(read_only=True)
+    async def lookup(key: str) -> str:
+        return key.upper()
+
+    session = cm.session("relay")
+    # The relay never takes a restart-safe run's reports: offered one, a driver would wait for a
+    # busy loop to refuse it before it could suspend.
+    cm._loop.get().call_soon_threadsafe(time.sleep, 1.0)
+    started = time.monotonic()
+    result = session.exec({"code": "return await tools.callValue('host:core:lookup', {key: 'k'})", "restartSafe": True})
+    assert result["status"] == "waiting", result
+    assert time.monotonic() - started < 0.6
+    for _ in range(40):
+        result = session.wait({"runId": result["runId"]})
+        if result["status"] != "waiting":
+            break
+    assert result["status"] == "completed", result
+    assert result["value"] == "K"
 
 
 def test_mcp_call_pending_at_the_deadline_suspends_and_wait_completes(make_codemode, monkeypatch):

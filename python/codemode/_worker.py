@@ -149,14 +149,12 @@ def main() -> None:
     worker = Worker()
     write_all(wfd, encode(Ready(os.getpid(), __version__)))
     #: Before it blocks for the next frame, the worker does its idle work (~0.5 ms: free the last
-    #: engine, build the next) after giving the host this many seconds to send a frame first;
-    #: None: not now. And the run whose park got that grace already.
-    grace: float | None = 0.0
-    graced_run = None
+    #: engine, build the next) after giving the host this many seconds to send a frame first.
+    grace = 0.0
     while True:
         body = reader.poll()
         if body is None:
-            if grace is not None and worker.has_idle_work() and not (grace and select.select([rfd], [], [], grace)[0]):
+            if worker.has_idle_work() and not (grace and select.select([rfd], [], [], grace)[0]):
                 worker.idle()
             body = reader.read_blocking()
             if body is None:
@@ -167,10 +165,8 @@ def main() -> None:
             write_all(wfd, encode(reply))
         if isinstance(reply, Report) and reply.status == "pending":
             # Parked on tools, which usually answer within microseconds: the rebuild waits for a
-            # slow answer, and only on a run's first park (the later ones block in the read at
-            # once: a syscall less per call).
-            grace = None if reply.run == graced_run else PARKED_GRACE_S
-            graced_run = reply.run
+            # slow answer (or for a run the host suspends, which sends nothing).
+            grace = PARKED_GRACE_S
         elif isinstance(frame, Settle):
             # A run that parked has ended. The host may be finishing it on a thread that a
             # rebuild started now would keep off a CPU for its whole ~0.5 ms (measured: an exec

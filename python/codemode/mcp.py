@@ -234,10 +234,13 @@ def parse_server_config(name: str, config: Mapping[str, Any] | McpServerConfig) 
       ``${VAR}`` and ``${VAR:-default}`` (Claude Code), ``${env:VAR}`` (Cursor, VS Code). This
       is how those entries pass a secret to a server (``"env": {"TOKEN": "${TOKEN}"}``), since
       a stdio server does not inherit the host's environment. Cursor's and VS Code's
-      ``${userHome}`` and ``${workspaceFolder}`` are the home directory and the directory the
-      host runs in. A variable that is not set, with no default, is a ``ConfigError``: sent on
-      as text it would only fail later, as a login error from the server. A bare ``$VAR`` and
-      VS Code's ``${input:...}`` prompts are left as they are.
+      ``${userHome}``, ``${workspaceFolder}`` (and ``${workspaceRoot}``, ``${cwd}``),
+      ``${workspaceFolderBasename}`` and ``${pathSeparator}`` are the home directory, the
+      directory the host runs in, its name, and the path separator. A variable that is not set,
+      with no default, is a ``ConfigError``: sent on as text it would only fail later, as a login
+      error from the server. A bare ``$VAR`` and VS Code's ``${input:...}`` prompts are left as
+      they are; a default is plain text (no ``}``, no nested reference). Disabled entries are
+      not expanded.
     * ``timeout`` is such a key, not applied: Cline means seconds and Gemini CLI milliseconds,
       so either reading breaks the other's entries (60 ms, or a 7-day wait). The request timeout
       here is ``McpServers(timeout_s=...)``.
@@ -259,7 +262,8 @@ def parse_server_config(name: str, config: Mapping[str, Any] | McpServerConfig) 
     if isinstance(parsed, McpStdioServerConfig) and not parsed.command:
         raise ConfigError(f"MCP server {name!r}: 'command' must not be empty")
     if isinstance(parsed, McpHttpServerConfig) and not parsed.url.startswith(("http://", "https://")):
-        raise ConfigError(f"MCP server {name!r}: 'url' must start with http:// or https://, got {parsed.url!r}")
+        # (not the url itself: expanded, it may hold a token)
+        raise ConfigError(f"MCP server {name!r}: 'url' must start with http:// or https://")
     return parsed
 
 
@@ -274,7 +278,8 @@ def _parse_entry(name: str, config: Mapping[str, Any]) -> McpServerConfig:
             spelled[key] = alias
     if "command" in entry and "url" in entry:
         raise ConfigError(f"MCP server {name!r}: set either 'command' (stdio) or 'url' (HTTP), not both")
-    _expand_env_refs(name, entry, spelled)
+    if entry.get("disabled") is not True:  # (a disabled entry is often the one whose secret is unset)
+        _expand_env_refs(name, entry, spelled)
     if "command" not in entry and "url" not in entry:
         raise ConfigError(f"MCP server {name!r}: the config needs 'command' (stdio) or 'url' (HTTP)")
     kind: type[McpServerConfig] = McpStdioServerConfig if "command" in entry else McpHttpServerConfig
@@ -306,8 +311,16 @@ def _parse_entry(name: str, config: Mapping[str, Any]) -> McpServerConfig:
 
 #: ``${VAR}``, ``${VAR:-default}`` (Claude Code) and ``${env:VAR}`` (Cursor, VS Code).
 _ENV_REF = re.compile(r"\$\{(env:)?([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-#: Cursor's and VS Code's own variables, which their entries use in paths.
-_PREDEFINED: dict[str, Callable[[], str]] = {"userHome": lambda: os.path.expanduser("~"), "workspaceFolder": os.getcwd}
+#: Cursor's and VS Code's own variables that their entries use in paths; the workspace is the
+#: directory the host runs in.
+_PREDEFINED: dict[str, Callable[[], str]] = {
+    "userHome": lambda: os.path.expanduser("~"),
+    "workspaceFolder": os.getcwd,
+    "workspaceRoot": os.getcwd,
+    "workspaceFolderBasename": lambda: os.path.basename(os.getcwd()),
+    "cwd": os.getcwd,
+    "pathSeparator": lambda: os.sep,
+}
 #: The keys whose string values (or list items, or mapping values) may hold them.
 _EXPANDED = ("command", "args", "env", "cwd", "url", "headers")
 
@@ -323,8 +336,8 @@ def _expand_env_refs(name: str, entry: dict[str, Any], spelled: Mapping[str, str
             if found is None or (found == "" and default is not None):  # ':-': unset or empty
                 if default is None:
                     raise ConfigError(
-                        f"MCP server {name!r}: {spelled.get(key, key)!r} refers to ${{{var}}}, which is not set"
-                        f" in the environment (write ${{{var}:-default}} to give a default)"
+                        f"MCP server {name!r}: {spelled.get(key, key)!r} refers to {ref.group(0)}, but {var} is"
+                        f" not set in the environment (write ${{{var}:-default}} to give a default)"
                     )
                 return default
             return found
@@ -551,10 +564,22 @@ class McpServers:
             started.set()
             await self._loop_done.wait()
 
-        # Like asyncio.run, the runner cancels whatever is left and closes the loop once main
-        # returns. A HotLoop: the relay answers workers from it (see `hotloop`).
-        with asyncio.Runner(loop_factory=HotLoop) as runner:
-            runner.run(main())
+        # A HotLoop: the relay answers workers from it (see `hotloop`). Like asyncio.run (whose
+        # loop_factory, asyncio.Runner, is 3.11+), cancel whatever is left, then close it.
+        loop = HotLoop()
+        try:
+            loop.run_until_complete(main())
+        finally:
+            try:
+                left = asyncio.all_tasks(loop)
+                for task in left:
+                    task.cancel()
+                if left:
+                    loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.run_until_complete(loop.shutdown_default_executor())
+            finally:
+                loop.close()
 
     def on_loop_thread(self) -> bool:
         """True on the thread of ``event_loop()``: blocking there on MCP work never finishes."""

@@ -275,6 +275,7 @@ class _Relay:
         """On the driver, in place of ``worker.recv(deadline, wake_fd)``: sleeps until the relay
         hands the worker back, results wait for the driver, or the deadline (``Deadline``)."""
         dispatcher = self._run.dispatcher
+        wake_fd = dispatcher.wake_fd  # before the loop can hand back (`_attach` wakes it)
         self._fd = os.dup(self._worker.rfd)
         try:
             self._loop.call_soon_threadsafe(self._attach)
@@ -282,9 +283,9 @@ class _Relay:
             os.close(self._fd)
             if self._first is not None:
                 return self._first
-            return self._worker.recv(self._deadline, dispatcher.wake_fd)
+            return self._worker.recv(self._deadline, wake_fd)
         poller = select.poll()
-        poller.register(dispatcher.wake_fd, select.POLLIN)
+        poller.register(wake_fd, select.POLLIN)
         while True:
             # The relay may have pushed the deadline (a settle-floor extension).
             timeout = max(self._deadline, self._step.deadline) - time.monotonic()
@@ -754,7 +755,13 @@ class Supervisor:
             # A report whose calls likely all run on one loop goes to that loop's relay whole.
             first: protocol.WorkerFrame | None = None
             loop: asyncio.AbstractEventLoop | None = None
-            if not ahead and frame is not handed_back and isinstance(frame, Report) and frame.status == "pending":
+            if (
+                isinstance(frame, Report)
+                and frame.status == "pending"
+                and frame is not handed_back
+                and not (ahead or journal.restart_safe)  # (reports the relay never takes)
+                and all(tool != YIELD_TOOL for _, tool, _ in frame.calls)
+            ):
                 loop = dispatcher.loop_of(frame.calls)
                 first = frame if loop is not None else None
             if first is None and self._take_report(worker, run, frame, step, hold=ahead):

@@ -420,11 +420,13 @@ class Dispatcher:
 
     @property
     def wake_fd(self) -> int:
-        if self._pipe is None:
-            self._pipe = os.pipe()
-            os.set_blocking(self._pipe[0], False)
-            os.set_blocking(self._pipe[1], False)
-        return self._pipe[0]
+        """Created on first use, by whichever thread (the driver, or a relay's loop) that is."""
+        with self._lock:
+            if self._pipe is None:
+                self._pipe = os.pipe()
+                os.set_blocking(self._pipe[0], False)
+                os.set_blocking(self._pipe[1], False)
+            return self._pipe[0]
 
     def _namespace_target(self, input_json: str) -> tuple[str, Any]:
         """Resolves a namespace function call to ``(tool id, tool input)``; raises ``Refused``."""
@@ -621,7 +623,7 @@ class Dispatcher:
                 result = (call_id, False, _error_message(label, e))
             self._deliver(call_id, label, started, result)
 
-        _ = self.wake_fd  # created here, on the driving thread, before any call can need it
+        _ = self.wake_fd  # created before the call can finish and need it
         target = (loop or self._loop)()
         cancel: Callable[[], object]
         if target is here:
@@ -752,18 +754,30 @@ class Dispatcher:
             if self._futures or self._ready or not calls:
                 return None
         _, tool_id, input_json = calls[0]
-        if tool_id == MCP_TOOL:
+        via_mcp = tool_id == MCP_TOOL
+        loop: LoopRef | None = None
+        if via_mcp:
             try:
                 request = _decode(input_json)
             except msgspec.DecodeError:
                 return None
-            if not isinstance(request, dict) or "id" not in request:
-                return self._loop() if self._mcp_ops is not None else None  # resources and prompts
-            tool_id = str(request["id"])
-        tool = self.view.tools.get(tool_id)
-        if tool is None or not (tool.is_async or self._gate_is_async):
-            return None
-        return (tool.loop or self._loop)()
+            if not isinstance(request, dict):
+                return None
+            if "id" not in request:
+                loop = self._loop if self._mcp_ops is not None else None  # resources and prompts
+            else:
+                tool_id = str(request["id"])
+        if loop is None:
+            tool = self.view.tools.get(tool_id)
+            if tool is None or (tool.source == "mcp") != via_mcp or (self._read_only and not tool.read_only):
+                return None  # answered at once, by `submit`
+            if not (tool.is_async or self._gate_is_async):
+                return None
+            loop = tool.loop or self._loop
+        try:
+            return loop()
+        except Exception:
+            return None  # (a closed MCP client, say): `submit` answers the call
 
     def loop(self) -> asyncio.AbstractEventLoop | None:
         """The one event loop every in-flight call runs on; None if none is in flight, or if
