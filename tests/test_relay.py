@@ -62,6 +62,15 @@ def mcp_codemode(make_codemode: Any, timeout_ms: int) -> CodeMode:
     return cm
 
 
+def waited_out(session: Any, result: dict[str, Any]) -> dict[str, Any]:
+    """``wait`` until the run is no longer waiting (at most 40 times)."""
+    for _ in range(40):
+        if result["status"] != "waiting":
+            break
+        result = session.wait({"runId": result["runId"]})
+    return result
+
+
 def sum_text(result: dict[str, Any]) -> int:
     """The number in server-everything's get-sum answer (``"The sum of 1 and 2 is 3."``)."""
     return int(result["content"][0]["text"].rstrip(".").split()[-1])
@@ -154,10 +163,7 @@ def test_a_first_report_the_loop_never_gets_to_is_taken_by_the_driver(make_codem
     assert result["status"] == "waiting", result
     assert [c["toolId"] for c in result["pendingToolCalls"]] == ["mcp:everything:get-sum"]
     assert takes.driver == 1 and takes.relay == 0
-    for _ in range(20):
-        result = session.wait({"runId": result["runId"]})
-        if result["status"] != "waiting":
-            break
+    result = waited_out(session, result)
     assert result["status"] == "completed", result
     assert result["value"] == "The sum of 2 and 5 is 7."
 
@@ -177,10 +183,7 @@ def test_a_restart_safe_first_report_is_not_offered_to_a_busy_relay(make_codemod
     result = session.exec({"code": "return await tools.callValue('host:core:lookup', {key: 'k'})", "restartSafe": True})
     assert result["status"] == "waiting", result
     assert time.monotonic() - started < 0.6
-    for _ in range(40):
-        result = session.wait({"runId": result["runId"]})
-        if result["status"] != "waiting":
-            break
+    result = waited_out(session, result)
     assert result["status"] == "completed", result
     assert result["value"] == "K"
 
@@ -200,10 +203,7 @@ def test_mcp_call_pending_at_the_deadline_suspends_and_wait_completes(make_codem
     assert result["reason"] == "pending_tools"
     assert [c["toolId"] for c in result["pendingToolCalls"]] == [LONG_OP]
     assert takes.started(LONG_OP).is_set()  # the relay had started it
-    for _ in range(20):
-        result = session.wait({"runId": result["runId"]})
-        if result["status"] != "waiting":
-            break
+    result = waited_out(session, result)
     assert result["status"] == "completed", result
     assert result["value"] == [3, "Long running operation completed. Duration: 1 seconds, Steps: 1."]
 

@@ -373,6 +373,17 @@ class _Relay:
         return True
 
 
+def _relayable(run: Run, frame: protocol.WorkerFrame | None) -> bool:
+    """A report a relay may take: it parks the run on calls alone (no yield), and the run is not
+    restart-safe (whose results only a `wait` settles)."""
+    return (
+        isinstance(frame, Report)
+        and frame.status == "pending"
+        and not run.journal.restart_safe
+        and all(tool != YIELD_TOOL for _, tool, _ in frame.calls)
+    )
+
+
 def _carry(ahead: Step | None) -> Step:
     """A new step for an ``exec``/``wait`` call that goes on from an advance: what the advance
     produced (outputs, counts, memory) and nothing of how it ended."""
@@ -755,13 +766,8 @@ class Supervisor:
             # A report whose calls likely all run on one loop goes to that loop's relay whole.
             first: protocol.WorkerFrame | None = None
             loop: asyncio.AbstractEventLoop | None = None
-            if (
-                isinstance(frame, Report)
-                and frame.status == "pending"
-                and frame is not handed_back
-                and not (ahead or journal.restart_safe)  # (reports the relay never takes)
-                and all(tool != YIELD_TOOL for _, tool, _ in frame.calls)
-            ):
+            if not ahead and frame is not handed_back and _relayable(run, frame):
+                assert isinstance(frame, Report)
                 loop = dispatcher.loop_of(frame.calls)
                 first = frame if loop is not None else None
             if first is None and self._take_report(worker, run, frame, step, hold=ahead):
@@ -837,15 +843,13 @@ class Supervisor:
             raise WorkerUnavailable(f"code mode runtime is unavailable: {frame.message}")
         if not isinstance(frame, Report) or frame.run != run.engine_run:
             raise ProtocolError(f"worker {worker.pid} answered out of order")
+        if relay is not None and not _relayable(run, frame):
+            return None
         if frame.status == "pending":
             if len(frame.calls) > journal.limits.max_pending_calls:
                 # An engine never has more calls in flight: this worker is not one of ours.
                 raise ProtocolError(f"worker {worker.pid} reported more calls than maxPendingToolCalls")
             calls = [call for call in frame.calls if call[1] != YIELD_TOOL]
-            if relay is not None and (len(calls) < len(frame.calls) or journal.restart_safe):
-                return None
-        elif relay is not None:
-            return None
         elif frame.status not in ("completed", "failed"):
             raise ProtocolError(f"worker {worker.pid} reported an unknown status")
         # Guest JSON is decoded here, where a bad frame discards its worker, before any call starts.

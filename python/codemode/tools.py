@@ -753,29 +753,11 @@ class Dispatcher:
         with self._lock:
             if self._futures or self._ready or not calls:
                 return None
-        _, tool_id, input_json = calls[0]
-        via_mcp = tool_id == MCP_TOOL
-        loop: LoopRef | None = None
-        if via_mcp:
-            try:
-                request = _decode(input_json)
-            except msgspec.DecodeError:
-                return None
-            if not isinstance(request, dict):
-                return None
-            if "id" not in request:
-                loop = self._loop if self._mcp_ops is not None else None  # resources and prompts
-            else:
-                tool_id = str(request["id"])
-        if loop is None:
-            tool = self.view.tools.get(tool_id)
-            if tool is None or (tool.source == "mcp") != via_mcp or (self._read_only and not tool.read_only):
-                return None  # answered at once, by `submit`
-            if not (tool.is_async or self._gate_is_async):
-                return None
-            loop = tool.loop or self._loop
+        if calls[0][1] == NAMESPACE_TOOL:
+            return None  # planning it would run the host's input mapper
+        ref = self._plan(*calls[0]).loop
         try:
-            return loop()
+            return ref() if ref is not None else None
         except Exception:
             return None  # (a closed MCP client, say): `submit` answers the call
 
