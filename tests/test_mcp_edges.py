@@ -5,6 +5,7 @@ never speak MCP)."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from pathlib import Path
@@ -259,3 +260,46 @@ def test_server_names_with_a_colon_are_refused_and_lists_wait_never_on_the_mcp_l
     cm.close()
     with pytest.raises(ClosedError):
         cm.load_mcp_tools()
+
+
+def test_a_server_that_says_its_tools_changed_is_listed_again(make_codemode):
+    # The fixture speaks the 2026-07-28 protocol: the change comes on a subscriptions/listen
+    # stream (older servers send notifications/tools/list_changed; both end up in one place).
+    cm = make_codemode({"workers": 1, "mcpServers": {"odd": odd_server("--grows")}})
+    assert cm.load_mcp_tools() == {"odd": None}
+    session = cm.session("grows")
+    assert value(session, "return typeof MCP.odd.grown") == "undefined"
+    assert value(session, "return await MCP.odd.grow({})")["content"][0]["text"] == "grew"
+    # The next exec lists the server again in the background; one after it sees the new tool.
+    deadline = time.monotonic() + 10
+    while value(session, "return typeof MCP.odd.grown") == "undefined":
+        assert time.monotonic() < deadline, "the new tool never reached the catalog"
+        time.sleep(0.05)
+    assert value(session, "return (await MCP.odd.grown({})).content[0].text") == "I was not there at first"
+
+
+def test_list_changed_notifications_of_older_sessions_say_a_listing_changed():
+    # Sessions before 2026-07-28 get notifications instead of a listen stream; none of the
+    # servers here sends one unasked, so the handler the session is given is checked directly.
+    from codemode.mcp import McpStdioServerConfig, _Connection
+    from mcp_types import (
+        Implementation,
+        LoggingMessageNotification,
+        PromptListChangedNotification,
+        ResourceListChangedNotification,
+        ToolListChangedNotification,
+    )
+
+    changed: list[int] = []
+    connection = _Connection(
+        "old", McpStdioServerConfig(command="srv"), Implementation(name="t", version="0"), lambda: changed.append(1)
+    )
+    for message in (
+        ToolListChangedNotification(),
+        ResourceListChangedNotification(),
+        PromptListChangedNotification(),
+        LoggingMessageNotification(params={"level": "info", "data": "not a change"}),
+        RuntimeError("a transport error"),
+    ):
+        asyncio.run(connection._on_message(message))
+    assert changed == [1, 1, 1]

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import functools
 import importlib.metadata
 import logging
 import os
@@ -45,12 +46,21 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 
 import anyio
+import anyio.lowlevel
 import httpx2
 import msgspec
 from mcp import Client, MCPError, StdioServerParameters, stdio_client
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp_types import CONNECTION_CLOSED, Implementation, PaginatedResult
+from mcp_types import (
+    CONNECTION_CLOSED,
+    Implementation,
+    PaginatedResult,
+    PromptListChangedNotification,
+    ResourceListChangedNotification,
+    ToolListChangedNotification,
+)
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from .errors import ClosedError, CodemodeError, ConfigError
@@ -383,8 +393,23 @@ class McpServers:
         self._connections: dict[str, _Connection] = {}
         self._shutting_down = False
         self._loop_done: asyncio.Event | None = None
+        self._on_list_changed: Callable[[str], object] | None = None
         for name, config in (servers or {}).items():
             self.add(name, config)
+
+    def on_list_changed(self, callback: Callable[[str], object] | None) -> None:
+        """``callback(server)``, on the loop thread, whenever a server says its tools, resources
+        or prompts changed (``notifications/*/list_changed``, or a ``subscriptions/listen``
+        event on 2026-07-28 sessions). It must not block."""
+        self._on_list_changed = callback
+
+    def _list_changed(self, name: str) -> None:
+        callback = self._on_list_changed
+        if callback is not None:
+            try:
+                callback(name)
+            except Exception:
+                logger.exception("MCP server %r: the list-changed callback failed", name)
 
     def __enter__(self) -> Self:
         return self
@@ -640,7 +665,9 @@ class McpServers:
             raise ConfigError(f'MCP server {name!r} is disabled in its config ("disabled": true)')
         connection = self._connections.get(name)
         if connection is None:
-            connection = self._connections[name] = _Connection(name, config, self._client_info)
+            connection = self._connections[name] = _Connection(
+                name, config, self._client_info, functools.partial(self._list_changed, name)
+            )
         return connection
 
     async def _remove(self, name: str) -> None:
@@ -774,10 +801,14 @@ class _Connection:
     requests from other tasks only use the ``Client``.
     """
 
-    def __init__(self, name: str, config: McpServerConfig, client_info: Implementation) -> None:
+    def __init__(
+        self, name: str, config: McpServerConfig, client_info: Implementation, changed: Callable[[], None]
+    ) -> None:
         self.name = name
         self.config = config
         self._client_info = client_info
+        #: Called when the server says a listing changed.
+        self._changed = changed
         self._client: Client | None = None
         self._holder: asyncio.Task[None] | None = None
         self._ready: asyncio.Future[Client] | None = None
@@ -908,10 +939,14 @@ class _Connection:
                 # The catalog decides when to refetch listings; a response cache would only
                 # hide a server's changes from it.
                 cache=None,
+                message_handler=self._on_message,
             )
             async with client:
                 ready.set_result(client)
-                await stop.wait()
+                async with anyio.create_task_group() as listening:
+                    listening.start_soon(self._listen, client)
+                    await stop.wait()
+                    listening.cancel_scope.cancel()
         except asyncio.CancelledError:
             if not ready.done():
                 ready.cancel()
@@ -923,6 +958,32 @@ class _Connection:
                 logger.debug("MCP server %r: the session ended with an error", self.name, exc_info=True)
         finally:
             stop.set()
+
+    async def _on_message(self, message: Any) -> None:
+        """Server notifications of a session before 2026-07-28: a listing changed."""
+        if isinstance(message, _LIST_CHANGED):
+            self._changed()
+        await anyio.lowlevel.checkpoint()
+
+    async def _listen(self, client: Client) -> None:
+        """On a 2026-07-28 session whose server announces list changes: a ``subscriptions/
+        listen`` stream, each event of which says a listing changed. Older sessions get
+        notifications instead (`_on_message`); a stream that cannot open or breaks is let go
+        (the session's own requests say whether the server is still there)."""
+        caps = client.server_capabilities
+        tools = bool(caps.tools and caps.tools.list_changed)
+        prompts = bool(caps.prompts and caps.prompts.list_changed)
+        resources = bool(caps.resources and caps.resources.list_changed)
+        if client.protocol_version not in MODERN_PROTOCOL_VERSIONS or not (tools or prompts or resources):
+            return
+        try:
+            async with client.listen(
+                tools_list_changed=tools, prompts_list_changed=prompts, resources_list_changed=resources
+            ) as events:
+                async for _event in events:
+                    self._changed()
+        except Exception:
+            logger.debug("MCP server %r: no list-changed stream", self.name, exc_info=True)
 
     async def _release(self) -> None:
         """Stops the holder task (if any) and waits, bounded, until the session is closed."""
@@ -941,6 +1002,10 @@ class _Connection:
         if not done:
             logger.warning("MCP server %r did not close within %g s; abandoning it", self.name, _CLOSE_TIMEOUT_S)
             holder.cancel()
+
+
+#: The notifications that say a listing changed (sessions before 2026-07-28).
+_LIST_CHANGED = (ToolListChangedNotification, ResourceListChangedNotification, PromptListChangedNotification)
 
 
 class _ConnectionLost(Exception):

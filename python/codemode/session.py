@@ -256,6 +256,8 @@ class CodeMode:
         self._mcp_failed_at: dict[str, float] = {}
         #: Listings in flight (on the MCP loop), by server.
         self._mcp_listing: dict[str, concurrent.futures.Future[None]] = {}
+        #: Servers that said their listings changed since they were last listed.
+        self._mcp_changed: set[str] = set()
         self._mcp_lock = threading.Lock()
         # Before anything starts (worker processes, threads): a malformed entry then fails this
         # constructor with nothing left running.
@@ -296,6 +298,7 @@ class CodeMode:
         with self._mcp_lock:
             if self._mcp is None:
                 self._mcp = McpServers()
+                self._mcp.on_list_changed(self._mcp_list_changed)
             self._mcp.add(name, config)
             self._mcp_loaded.pop(name, None)
 
@@ -314,11 +317,18 @@ class CodeMode:
         with self._mcp_lock:
             return self._mcp_loaded | dict.fromkeys(mcp.disabled_names(), MCP_DISABLED)
 
+    def _mcp_list_changed(self, server: str) -> None:
+        """On the MCP loop: the server said a listing changed; the next exec lists it again (in
+        the background: that exec still sees the listing before)."""
+        with self._mcp_lock:
+            self._mcp_changed.add(server)
+
     def _mcp_stale(self, server: str, now: float) -> bool:
-        """Never listed, or failed long enough ago to try again (and not being listed now)."""
+        """Never listed, changed since, or failed long enough ago to try again (and not being
+        listed now)."""
         if server in self._mcp_listing:
             return False
-        if server not in self._mcp_loaded:
+        if server not in self._mcp_loaded or server in self._mcp_changed:
             return True
         return self._mcp_loaded[server] is not None and now - self._mcp_failed_at.get(server, now) >= MCP_RETRY_S
 
@@ -342,6 +352,7 @@ class CodeMode:
             for server in mcp.names():
                 if self._mcp_stale(server, now):
                     first = server not in self._mcp_loaded
+                    self._mcp_changed.discard(server)  # (a change from now on lists it again)
                     if first:
                         self._registry.set_mcp_server(server, None, _still_starting(server))
                     listing = asyncio.run_coroutine_threadsafe(self._list_server(mcp, server), loop)
