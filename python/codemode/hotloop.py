@@ -6,7 +6,7 @@ from this loop's thread: the worker's report starts a call, the server answers, 
 back to the worker, whose next report follows within ~50-150 µs. Each of those gaps is short. A
 thread that sleeps through one pays a wake-up on this kind of machine (a virtual CPU that halted:
 30-50 µs) and then runs cold; one that polls does neither. Measured on the MCP bench, side by
-side: 40-50 µs less per call.
+side (300 interleaved pairs a run): 77-129 µs less per ``MCP.*`` call.
 
 The poll is bounded: ``SPIN_S`` at each point where the loop would sleep, only while a relay
 watches a worker from it (`HotLoop.watch`), never when the loop has work or a timer is due
