@@ -8,17 +8,25 @@ have had without the kills (its journal is replayed when the resident runtime wa
 else — an exception in the host, a wrong value, a run ``wait`` cannot finish, a leaked worker —
 counts as lost, and the command fails if any run is lost.
 
-
-
+Beside the sessions, one thread with its own event loop keeps ``--parked`` ``exec_async`` cells
+(100 by default) parked on slow async tools at every moment, so each kill lands on a worker that
+holds many parked runs. Each such run makes two sequential tool calls and must complete with the
+right value, with each of its two tool inputs called exactly once (a replay never calls a tool
+again). A worker drives one run at a time, so a kill may fail at most one run it was driving:
+one parked run failed with a kill's code per kill is tolerated (and reported); a second one on
+the same kill, a wrong value, a repeated tool call, an exception, or a run not finished by the
+end of its round is lost.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import collections
 import ctypes
 import gc
+import itertools
 import os
 import random
 import signal
@@ -54,6 +62,15 @@ NORMAL = {
         None,
     ),
 }
+#: A cell parked on two sequential slow tools: (key, value, ms) -> 2 * value + 1. Its budget is
+#: long, so it completes within its `exec` (kills and replays included).
+PARKED = """// @options: {"timeout_ms": 30000}
+const a = await tools.parked({key: "%s-a", value: %d, ms: %d});
+const b = await tools.parked({key: "%s-b", value: a + 1, ms: %d});
+return a + b"""
+PARKED_MS = (100, 300, 800)
+#: How long a round's parked runs may take to finish once the round has ended, in seconds.
+PARKED_GRACE_S = 60.0
 #: Rounds of load (RSS is read while idle between them).
 ROUNDS = 4
 #: Failure codes a run may end with when the soak's own SIGKILL hit its worker.
@@ -194,6 +211,107 @@ class Soak:
         self.lose(f"hostile {cell.name}", f"expected {cell.expect_status}/{cell.expect_code}, got {result}")
 
 
+@dataclass
+class ParkedState:
+    """Shared by every round's parked load: the tool's call counts and the parked-at-once gauge."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    calls: collections.Counter[str] = field(default_factory=collections.Counter)
+    inside: int = 0
+    peak: int = 0
+    #: kill index -> parked runs failed with a kill's code attributed to it (1 is tolerated).
+    failed_by_kill: collections.Counter[int] = field(default_factory=collections.Counter)
+    ids: itertools.count[int] = field(default_factory=itertools.count)
+
+    async def tool(self, key: str, value: int, ms: int) -> int:
+        with self.lock:
+            self.calls[key] += 1
+            self.inside += 1
+            self.peak = max(self.peak, self.inside)
+        try:
+            await asyncio.sleep(ms / 1000.0)
+        finally:
+            with self.lock:
+                self.inside -= 1
+        return value
+
+
+class ParkedLoad:
+    """One round's parked load: ``target`` ``exec_async`` cells in flight at every moment until
+    ``end``, on this thread's own event loop (which also runs their async tools)."""
+
+    def __init__(self, cm: CodeMode, tally: Tally, state: ParkedState, seed: int, target: int, end: float) -> None:
+        self.cm = cm
+        self.tally = tally
+        self.state = state
+        self.rng = random.Random(seed)
+        self.target = target
+        self.end = end
+
+    def lose(self, why: str) -> None:
+        with self.tally.lock:
+            self.tally.lost.append(f"parked: {why}"[:400])
+
+    def run(self) -> None:
+        try:
+            asyncio.run(self.main())
+        except Exception as e:
+            self.lose(f"the parked load's loop failed: {type(e).__name__}: {e}")
+
+    async def main(self) -> None:
+        running: set[asyncio.Task[None]] = set()
+        while time.monotonic() < self.end:
+            while len(running) < self.target:
+                running.add(asyncio.create_task(self.one()))
+            _, running = await asyncio.wait(running, timeout=0.05, return_when=asyncio.FIRST_COMPLETED)
+        if not running:
+            return
+        _, pending = await asyncio.wait(running, timeout=PARKED_GRACE_S)
+        for task in pending:
+            self.lose(f"run not finished {PARKED_GRACE_S:.0f} s after its round ended")
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    async def one(self) -> None:
+        n = next(self.state.ids)
+        key, value, ms = f"p{n}", self.rng.randrange(1000), self.rng.choice(PARKED_MS)
+        session = self.cm.session(f"parked-{n}")
+        started = time.monotonic()
+        try:
+            result = await session.exec_async({"code": PARKED % (key, value, ms, key, ms)})
+            waits = 0
+            while result["status"] == "waiting" and waits < 200:
+                waits += 1
+                result = await session.wait_async({"runId": result["runId"]})
+            self.check(key, value, result, started)
+        except Exception as e:  # any exception out of the host API is a lost run
+            self.lose(f"exception: {type(e).__name__}: {e}")
+        finally:
+            session.close()
+
+    def check(self, key: str, value: int, result: dict[str, Any], started: float) -> None:
+        status, code = result["status"], result.get("code")
+        with self.tally.lock:
+            self.tally.runs["parked"] += 1
+            self.tally.outcomes[f"{status}/{code}" if code else status] += 1
+            kills = list(self.tally.kills)
+        if status == "completed":
+            with self.state.lock:
+                calls = (self.state.calls[f"{key}-a"], self.state.calls[f"{key}-b"])
+            if result["value"] == 2 * value + 1 and calls == (1, 1):
+                return
+            return self.lose(f"expected {2 * value + 1} with each tool input called once, got {result} {calls}")
+        if status == "failed" and code in KILLED_CODES:
+            kill = bisect.bisect_right(kills, time.monotonic()) - 1  # the latest kill before now
+            if kill >= 0 and kills[kill] >= started:
+                with self.state.lock:
+                    self.state.failed_by_kill[kill] += 1
+                    if self.state.failed_by_kill[kill] == 1:
+                        return  # the one run that kill's worker may have been driving
+            return self.lose(f"failed though parked (a kill fails at most the one run it drove): {result}")
+        return self.lose(f"expected {2 * value + 1}, got {result}")
+
+
 def killer(cm: CodeMode, tally: Tally, stop: threading.Event, rng: random.Random, every_s: float) -> None:
     while not stop.wait(rng.uniform(0.3 * every_s, 1.7 * every_s)):
         pids = cm._supervisor.worker_pids()
@@ -216,6 +334,9 @@ def main() -> int:
     parser.add_argument("--sessions", type=int, default=8, help="concurrent sessions (threads)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--kill-every", type=float, default=1.0, help="mean seconds between SIGKILLs")
+    parser.add_argument(
+        "--parked", type=int, default=100, help="exec_async cells kept parked on slow tools at once (0: none)"
+    )
     parser.add_argument("--seed", type=int, default=int(os.environ.get("SOAK_SEED", 1)))
     args = parser.parse_args()
 
@@ -223,6 +344,7 @@ def main() -> int:
     children_before = child_pids()
     config = {**BASE_CONFIG, "workers": args.workers}
     tally = Tally()
+    parked_state = ParkedState()
     stop = threading.Event()
     with CodeMode(config) as cm:
         install_tools(cm)
@@ -235,6 +357,10 @@ def main() -> int:
         async def slow(value: int, ms: int) -> int:
             await asyncio.sleep(ms / 1000.0)
             return value
+
+        @cm.tool
+        async def parked(key: str, value: int, ms: int) -> int:
+            return await parked_state.tool(key, value, ms)
 
         kill_thread = threading.Thread(
             target=killer, args=(cm, tally, stop, random.Random(args.seed), args.kill_every), daemon=True
@@ -255,6 +381,9 @@ def main() -> int:
                     soak.one(index)
 
             threads = [threading.Thread(target=session_loop, args=(i,), daemon=True) for i in range(args.sessions)]
+            if args.parked > 0:
+                load = ParkedLoad(cm, tally, parked_state, args.seed * 1000 + round_no, args.parked, end)
+                threads.append(threading.Thread(target=load.run, name="parked-load", daemon=True))
             for t in threads:
                 t.start()
             while any(t.is_alive() for t in threads) and time.monotonic() < end + 120:
@@ -278,11 +407,19 @@ def main() -> int:
 
     lat = tally.latencies_ms
     total_runs = sum(tally.runs.values())
-    print(f"soak: {args.seconds:.0f} s, {args.sessions} sessions, {args.workers} workers, seed {args.seed}")
+    print(
+        f"soak: {args.seconds:.0f} s, {args.sessions} sessions, {args.parked} parked runs,"
+        f" {args.workers} workers, seed {args.seed}"
+    )
     print(f"  runs finished          {total_runs}  ({', '.join(f'{k} {v}' for k, v in sorted(tally.runs.items()))})")
     print(f"  outcomes               {', '.join(f'{k} {v}' for k, v in sorted(tally.outcomes.items()))}")
     print(f"  exec/wait calls        {tally.calls}  ({tally.calls / elapsed:.1f}/s)")
     print(f"  latency per call       p50 {percentile(lat, 50):.2f} ms, p99 {percentile(lat, 99):.2f} ms")
+    tolerated = len(parked_state.failed_by_kill)  # kills that failed a parked run (one each)
+    print(
+        f"  parked runs            {tally.runs['parked']} finished, peak {parked_state.peak} parked at once"
+        f" (target {args.parked}); {tolerated} failed under the kill that hit the run being driven"
+    )
     print(f"  SIGKILLs sent          {len(tally.kills) - 1}; workers spawned {spawned}, killed by supervisor {killed}")
     rss_line = " -> ".join(f"{kib // 1024}" for kib in quiet_rss)
     print(f"  host RSS               idle between rounds (MiB): {rss_line}; peak under load {peak // 1024} MiB")

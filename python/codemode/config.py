@@ -27,6 +27,8 @@ BOUNDS: dict[str, tuple[int, int]] = {
     "snapshot_ttl_seconds": (1, 86_400),
     "search_default_limit": (1, 50),
     "max_search_limit": (1, 50),
+    "max_runs_per_worker": (1, 4096),
+    "max_worker_memory_bytes": (64 << 20, 64 << 30),
 }
 
 
@@ -50,6 +52,11 @@ class CodeModeConfig(msgspec.Struct, rename="camel", forbid_unknown_fields=True,
     max_search_limit: int = 50
     #: Worker processes kept in the pool (0 = one per CPU).
     workers: int = 0
+    #: Runs one worker holds at once (parked on tools, suspended, or running); past it, and
+    #: past the memory cap, new cells go to another worker, or fail with `runtime_unavailable`.
+    max_runs_per_worker: int = 512
+    #: QuickJS memory the runs resident on one worker may hold together.
+    max_worker_memory_bytes: int = 2 << 30
     #: MCP servers, in the format MCP clients use: ``{"time": {"command": ..., "args": [...]},
     #: "docs": {"url": ...}}``. Their tools join the catalog as ``mcp:<server>:<tool>``.
     mcp_servers: dict[str, Any] = msgspec.field(default_factory=dict)

@@ -12,6 +12,7 @@ journal fails with a divergence error instead of guessing.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import secrets
 import threading
@@ -23,10 +24,21 @@ import msgspec
 from .protocol import EngineLimits
 
 if TYPE_CHECKING:
-    from .supervisor import Step, WorkerProcess
+    from .protocol import Configure
     from .tools import Dispatcher
+    from .workers import Lane
 
-__all__ = ["MAX_SUSPENDED_RUNS", "Journal", "JournalCall", "Run", "RunLookupError", "RunTable", "input_hash"]
+__all__ = [
+    "MAX_SUSPENDED_RUNS",
+    "Journal",
+    "JournalCall",
+    "Phase",
+    "Run",
+    "RunLookupError",
+    "RunTable",
+    "Step",
+    "input_hash",
+]
 
 #: Suspended runs one ``CodeMode`` keeps at once (the spec's per-process bound).
 MAX_SUSPENDED_RUNS = 64
@@ -82,26 +94,70 @@ class Journal(msgspec.Struct, kw_only=True):
         return msgspec.msgpack.decode(data, type=Journal)
 
 
+class Step(msgspec.Struct):
+    """What one ``exec`` or ``wait`` call saw of a run (or, while the run is suspended, what an
+    advance saw, for the next ``wait`` to report or go on from)."""
+
+    status: str = "running"  # running | completed | failed | suspended
+    value: Any = None  # decoded
+    failure: tuple[str | None, str, str, str] | None = None
+    reason: str = ""  # when suspended: pending_tools | yield
+    store_writes: Any = None  # decoded: {key: value | None}, or None
+    outputs: list[tuple[int, Any]] = msgspec.field(default_factory=list)  # kind 1 (json) decoded
+    tool_calls: int = 0
+    searches: int = 0
+    describes: int = 0
+    memory_bytes: int = 0
+    reports: int = 0
+    #: The deadline has had its one settle-floor extension (see `Supervisor._settle_frame`).
+    extended: bool = False
+    #: ``time.monotonic()`` by which the guest must have parked (its frame's kill time is later).
+    deadline: float = 0.0
+
+    @property
+    def ended(self) -> bool:
+        return self.status != "running"
+
+
+class Phase(enum.Enum):
+    """Where a run is, as the supervisor sees it."""
+
+    #: Resident in its worker (or, with no lane, to be replayed) and waiting on tools or a `wait`.
+    PARKED = "parked"
+    #: In its lane's queue: a frame to send once the worker is free.
+    QUEUED = "queued"
+    #: Its frame is the one the worker is executing.
+    RUNNING = "running"
+    #: Completed, failed or dropped: no engine anywhere.
+    ENDED = "ended"
+
+
 class Run:
-    """One suspended (or resuming) run in the host."""
+    """One run in the host: its journal, its tools, and where its runtime lives."""
 
     __slots__ = (
         "aborted",
-        "advancing",
-        "ahead",
         "busy",
+        "configure",
         "counts",
         "dispatcher",
         "engine_run",
         "expires_at",
         "held",
         "journal",
+        "lane",
+        "memory_bytes",
+        "next_frame",
         "output_chars",
+        "phase",
+        "placements",
+        "queued_at",
         "run_id",
         "session_id",
+        "step",
         "store_key",
         "timeout_ms",
-        "worker",
+        "waiter",
         "yields",
     )
 
@@ -111,21 +167,33 @@ class Run:
         self.session_id = session_id
         self.journal = journal
         self.dispatcher = dispatcher
-        #: Where the runtime is resident, and its id there; None once it must be replayed.
-        self.worker: WorkerProcess | None = None
+        #: The worker where the runtime is resident (or queued to be), and its id there; no
+        #: lane once it must be replayed.
+        self.lane: Lane | None = None
         self.engine_run = 0
+        self.phase = Phase.PARKED
+        #: In the queue: what to send, ``start`` | ``settle`` | ``replay``, and since when.
+        self.next_frame = ""
+        self.queued_at = 0.0
+        #: The catalog and limits a start or a replay configures its worker with.
+        self.configure: Configure | None = None
+        #: Workers placed on since its last report (bounded: a run whose frame kills every
+        #: worker it is given fails).
+        self.placements = 0
+        #: The step in progress, and who waits for it (None while suspended: then a result
+        #: that lands advances the run, and the next `wait` reports or goes on from its step).
+        self.step = Step()
+        self.waiter: Any = None
+        #: QuickJS memory of the resident runtime, as last reported.
+        self.memory_bytes = 0
         #: ``yield_control`` calls waiting for the next ``wait``.
         self.yields: list[int] = []
+        #: Calls an advance made: they start only with the next `wait` (a run never gets
+        #: further than the model asked it to go).
+        self.held: list[tuple[int, str, str]] = []
         self.busy = False
         self.expires_at = 0.0
-        #: Advanced while suspended (`CodeMode._advance`): results that landed after the
-        #: suspension were settled into the resident runtime at once, and the guest ran on to
-        #: its next report. ``ahead`` is what that step saw, for the next `wait` to return or
-        #: go on from; ``held`` are the calls it made, started only by that `wait`.
-        self.ahead: Step | None = None
-        self.held: list[tuple[int, str, str]] = []
-        self.advancing = False
-        #: Cancelled while advancing: the advance retires it when it ends.
+        #: Cancelled or expired: its runtime is dropped, whatever it was doing.
         self.aborted = False
         #: Cumulative over the run's exec and waits: tool calls, searches, describes.
         self.counts = [0, 0, 0]
@@ -157,7 +225,7 @@ class RunTable:
         self._ttl = ttl_seconds
         self._limit = limit
         self._runs: dict[str, Run] = {}
-        self._lock = threading.Condition()
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._runs)
@@ -168,29 +236,28 @@ class RunTable:
             return []
         now = time.monotonic()
         with self._lock:
-            gone = [r for r in self._runs.values() if r.expires_at <= now and not (r.busy or r.advancing)]
+            gone = [r for r in self._runs.values() if r.expires_at <= now and not r.busy]
             for run in gone:
                 del self._runs[run.run_id]
+                run.aborted = True
         return gone
 
     def suspend(self, run: Run) -> bool:
-        """Files a run as suspended; False if the table is full."""
+        """Files a run as suspended (and no longer resuming); False if the table is full."""
         with self._lock:
+            run.busy = False
             if run.run_id not in self._runs and len(self._runs) >= self._limit:
                 return False
             if not run.run_id:
                 run.run_id = "run_" + secrets.token_urlsafe(12)
-            run.busy = False
             run.expires_at = time.monotonic() + self._ttl
             self._runs[run.run_id] = run
             return True
 
     def claim(self, run_id: Any, session_id: str) -> Run:
-        """Marks a run as resuming; raises ``RunLookupError`` with the spec's message. A run
-        being advanced is waited for: that is work the caller would do itself."""
+        """Marks a run as resuming; raises ``RunLookupError`` with the spec's message."""
         with self._lock:
-            while (run := self._resumable(run_id, session_id)).advancing:
-                self._lock.wait()
+            run = self._resumable(run_id, session_id)
             run.busy = True
             return run
 
@@ -205,31 +272,12 @@ class RunTable:
             raise RunLookupError(BUSY)
         return run
 
-    def begin_advance(self, run: Run) -> bool:
-        """Marks a suspended run as being advanced; False if it is resuming, advancing or gone."""
-        with self._lock:
-            if self._runs.get(run.run_id) is not run or run.busy or run.advancing:
-                return False
-            run.advancing = True
-            return True
-
-    def end_advance(self, run: Run) -> bool:
-        """Ends an advance; True if the run was cancelled meanwhile (the caller retires it)."""
-        with self._lock:
-            run.advancing = False
-            self._lock.notify_all()
-            return run.aborted
-
-    def abort(self, run_id: Any, session_id: str) -> Run | None:
-        """Takes a run out of the table to be cancelled (``claim``'s checks, without waiting for
-        an advance). None if it is being advanced: that advance retires it when it ends."""
+    def abort(self, run_id: Any, session_id: str) -> Run:
+        """Takes a run out of the table to be cancelled (``claim``'s checks)."""
         with self._lock:
             run = self._resumable(run_id, session_id)
             del self._runs[run.run_id]
             run.aborted = True
-            if run.advancing:
-                return None
-            run.busy = True
             return run
 
     def remove(self, run: Run) -> None:

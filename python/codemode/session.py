@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import functools
 import inspect
 import itertools
 import logging
@@ -32,9 +31,9 @@ from .errors import ClosedError, CodemodeError, ConfigError, ToolDefinitionError
 from .namespaces import NamespaceRegistration, Namespaces
 from .policy import Approver, Hook, Policy, ToolCallEvent, Trace, TraceEvent
 from .protocol import Configure, EngineLimits
-from .runs import TOO_MANY, Journal, Run, RunLookupError, RunTable
+from .runs import TOO_MANY, Journal, Run, RunLookupError, RunTable, Step
 from .store import Store, StoreError, open_store
-from .supervisor import Step, Supervisor
+from .supervisor import Supervisor
 from .surfaces import SURFACES, ModelTool, Surface, control_tools, directory_listing, payload_bytes
 from .tools import (
     MCP_TOOL,
@@ -279,13 +278,14 @@ class CodeMode:
         self._closed = False
         self._call_ids = itertools.count(1)
         size = self.config.workers or min(4, os.cpu_count() or 1)
-        self._supervisor = Supervisor(size)
+        self._supervisor = Supervisor(
+            size,
+            max_runs_per_worker=self.config.max_runs_per_worker,
+            max_worker_memory=self.config.max_worker_memory_bytes,
+        )
         self._runs = RunTable(self.config.snapshot_ttl_seconds)
         self._sweeper: threading.Thread | None = None
         self._sweep_stop = threading.Event()
-        #: Advances suspended runs whose tools answered (see `_advance`); started on first need.
-        self._advancer: concurrent.futures.ThreadPoolExecutor | None = None
-        self._advancer_lock = threading.Lock()
         self._host_catalog: tuple[str, Catalog] | None = None
 
     # ---- MCP -----------------------------------------------------------------------------------
@@ -338,13 +338,19 @@ class CodeMode:
         listed for the first time. So a server that is slow to start, or never answers, costs an
         ``exec`` at most ``wait_s`` once; until its listing lands it is unavailable, saying so,
         and retries never hold an ``exec`` up."""
+        waited = self._start_listings(wait_s)
+        if waited:
+            concurrent.futures.wait(waited.values(), timeout=wait_s)
+            self._listed(waited)
+
+    def _start_listings(self, wait_s: float | None) -> dict[str, concurrent.futures.Future[None]]:
+        """Starts the listings `_list_mcp` describes; returns those to wait for."""
         mcp = self._mcp
         if mcp is None:
-            return
-        if mcp.on_loop_thread():
-            if wait_s is None:
-                raise RuntimeError("load_mcp_tools() cannot run on the MCP loop's thread; the listings queue behind it")
-            wait_s = 0.0
+            return {}
+        here = mcp.on_loop_thread()  # (an async hook of an MCP call): start them, never wait
+        if here and wait_s is None:
+            raise RuntimeError("load_mcp_tools() cannot run on the MCP loop's thread; the listings queue behind it")
         loop = mcp.event_loop()  # (started here, not under the lock its listings take)
         waited: dict[str, concurrent.futures.Future[None]] = {}
         with self._mcp_lock:
@@ -361,9 +367,16 @@ class CodeMode:
                         waited[server] = listing
                 elif wait_s is None and server in self._mcp_listing:
                     waited[server] = self._mcp_listing[server]
-        if not waited:
-            return
-        concurrent.futures.wait(waited.values(), timeout=wait_s)
+        return {} if here else waited
+
+    async def _list_mcp_async(self, wait_s: float) -> None:
+        """`_list_mcp` for a coroutine: the listings are awaited, not waited for."""
+        waited = self._start_listings(wait_s)
+        if waited:
+            await asyncio.wait([asyncio.wrap_future(f) for f in waited.values()], timeout=wait_s)
+            self._listed(waited)
+
+    def _listed(self, waited: dict[str, concurrent.futures.Future[None]]) -> None:
         with self._mcp_lock:
             for server, listing in waited.items():
                 if not listing.done() and server not in self._mcp_loaded:
@@ -661,9 +674,6 @@ class CodeMode:
             self._mcp.close()
         for run in self._runs.drain():
             run.dispatcher.close()
-        with self._advancer_lock:
-            if self._advancer is not None:
-                self._advancer.shutdown(wait=False, cancel_futures=True)
         self._supervisor.close()
         self._loop.close()
         self._store.close()
@@ -737,37 +747,72 @@ class CodeMode:
         outer_hook: bool = False,
     ) -> Result:
         started = time.perf_counter()
-        if self._closed:
-            raise ClosedError("this CodeMode is closed")
-        self._sweep()
-        checked = self._check_args(started, args)
+        checked = self._admit(started, args)
         if isinstance(checked, Failed):
             return checked
         if outer_hook and self._gate.hook is not None:
             # The model's `exec` call itself, as the spec's hook event for it (it may block or
             # rewrite the cell, e.g. through the `command` alias).
-            event = ToolCallEvent(
-                tool_id="exec",
-                name="exec",
-                source="codemode",
-                owner="codemode",
-                input=args,
-                session_id=session.session_id,
-                parent="",
-                tool_kind="code_mode_exec",
-                tool_input_kind=checked[1],
-            )
-            decision = self._gate.hook(event)
+            decision = self._gate.hook(self._exec_event(session, args, checked[1]))
             if inspect.isawaitable(decision):
                 decision = asyncio.run_coroutine_threadsafe(_awaited(decision), loop()).result()
-            try:
-                rewritten = apply_hook(decision, args)
-            except Blocked as e:
-                return self._invalid(started, f"code mode exec blocked: {e.reason}")
-            if rewritten is not args:
-                checked = self._check_args(started, rewritten)
-                if isinstance(checked, Failed):
-                    return checked
+            checked = self._hooked(started, args, decision, checked)
+            if isinstance(checked, Failed):
+                return checked
+        if self._mcp is not None and self._mcp_wanted():
+            self._list_mcp(MCP_START_WAIT_S)
+        run, configure = self._new_run(session, checked, loop, min_timeout_ms)
+        step = self._supervisor.start(run, configure, run.timeout_ms)
+        return self._finish(run, step, started, "exec")
+
+    async def _exec_async(self, session: Session, args: Any) -> Result:
+        """`_exec` as a coroutine on the caller's loop (its async tools run there too)."""
+        started = time.perf_counter()
+        checked = self._admit(started, args)
+        if isinstance(checked, Failed):
+            return checked
+        if self._mcp is not None and self._mcp_wanted():
+            await self._list_mcp_async(MCP_START_WAIT_S)
+        loop = asyncio.get_running_loop()
+        run, configure = self._new_run(session, checked, lambda: loop, 0)
+        step = await self._supervisor.start_async(run, configure, run.timeout_ms)
+        return self._finish(run, step, started, "exec")
+
+    def _admit(self, started: float, args: Any) -> tuple[str, str, bool, CellOptions] | Failed:
+        if self._closed:
+            raise ClosedError("this CodeMode is closed")
+        self._sweep()
+        return self._check_args(started, args)
+
+    def _exec_event(self, session: Session, args: Any, language: str) -> ToolCallEvent:
+        return ToolCallEvent(
+            tool_id="exec",
+            name="exec",
+            source="codemode",
+            owner="codemode",
+            input=args,
+            session_id=session.session_id,
+            parent="",
+            tool_kind="code_mode_exec",
+            tool_input_kind=language,
+        )
+
+    def _hooked(
+        self, started: float, args: Any, decision: Any, checked: tuple[str, str, bool, CellOptions]
+    ) -> tuple[str, str, bool, CellOptions] | Failed:
+        try:
+            rewritten = apply_hook(decision, args)
+        except Blocked as e:
+            return self._invalid(started, f"code mode exec blocked: {e.reason}")
+        return checked if rewritten is args else self._check_args(started, rewritten)
+
+    def _new_run(
+        self,
+        session: Session,
+        checked: tuple[str, str, bool, CellOptions],
+        loop: Callable[[], asyncio.AbstractEventLoop],
+        min_timeout_ms: int,
+    ) -> tuple[Run, Configure]:
         code, language, restart_safe, options = checked
         session_id, scope = session.session_id, session.scope
         timeout_ms = self.config.timeout_ms
@@ -775,8 +820,6 @@ class CodeMode:
         if options.timeout_ms is not None:
             timeout_ms = min(max(options.timeout_ms, low), high)
         timeout_ms = min(max(timeout_ms, min_timeout_ms), high)
-        if self._mcp is not None and self._mcp_wanted():
-            self._list_mcp(MCP_START_WAIT_S)
         configure, view = self._configuration()
         namespaces, namespace_calls = self._namespaces.build(view.tools, session_id)
         run_setup: dict[str, Any] = {}
@@ -812,11 +855,36 @@ class CodeMode:
         if options.max_output_tokens is not None:
             run.output_chars = options.max_output_tokens * 4
         run.timeout_ms = timeout_ms
-        step = self._supervisor.start(run, configure, timeout_ms)
-        return self._finish(run, step, started, "exec")
+        return run, configure
 
     def _wait(self, session: Session, args: Any) -> Result:
         started = time.perf_counter()
+        claimed = self._claim(session, args, started)
+        if isinstance(claimed, Failed):
+            return claimed
+        run, configure = claimed
+        try:
+            step = self._supervisor.resume(run, configure, run.timeout_ms)
+        except BaseException:
+            self._retire(run)  # never left resuming: its slot is freed
+            raise
+        return self._finish(run, step, started, "wait")
+
+    async def _wait_async(self, session: Session, args: Any) -> Result:
+        started = time.perf_counter()
+        claimed = self._claim(session, args, started)
+        if isinstance(claimed, Failed):
+            return claimed
+        run, configure = claimed
+        try:
+            step = await self._supervisor.resume_async(run, configure, run.timeout_ms)
+        except BaseException:
+            self._retire(run)
+            raise
+        return self._finish(run, step, started, "wait")
+
+    def _claim(self, session: Session, args: Any, started: float) -> tuple[Run, Configure] | Failed:
+        """The run a `wait` resumes (marked resuming), and the configuration a replay needs."""
         if self._closed:
             raise ClosedError("this CodeMode is closed")
         # (No `_sweep` here: the sweeper expires runs, and `claim` refuses an expired one.)
@@ -828,19 +896,11 @@ class CodeMode:
         except RunLookupError as e:
             return self._invalid(started, str(e))
         run.dispatcher.parent = f"wait_{next(self._call_ids)}"
-        ahead, run.ahead = run.ahead, None
-        if ahead is not None and (ahead.status != "suspended" or ahead.reason == "yield"):
-            # Advanced while suspended to where this `wait` would have stopped: its step is the
-            # answer, and calls the guest made on the way start now, as this `wait` would have.
-            self._supervisor.start_held(run, ahead)
-            return self._finish(run, ahead, started, "wait")
         configure, view = self._configuration()
         if view.fingerprint != run.journal.catalog_fingerprint:
             # A replay must see the catalog the run started with; the journal records which.
             configure = self._configure_for(run)
-        spent_s = time.perf_counter() - started  # waiting for an advance of this run, if any
-        step = self._supervisor.resume(run, configure, run.timeout_ms, ahead, spent_s)
-        return self._finish(run, step, started, "wait")
+        return run, configure
 
     def _snapshot(self, session_id: str, branch: str) -> dict[str, str]:
         cache = self._store_cache
@@ -890,7 +950,6 @@ class CodeMode:
                 pending_tool_calls=run.pending_calls(),
                 output=output,
             )
-            self._arm_advance(run)  # after reading its journal: an advance may start at once
             return waiting
         self._retire(run)
         if step.status == "completed":
@@ -905,46 +964,6 @@ class CodeMode:
         code_, name, message, _stack = step.failure or ("internal_error", "Error", "unknown failure", "")
         error = message if code_ is not None else (f"{name}: {message}" if message else name)
         return Failed(error=error, code=code_, telemetry=telemetry, output=output)
-
-    def _arm_advance(self, run: Run) -> None:
-        """When a tool of this suspended run answers, its result is settled into the resident
-        runtime at once (on a background thread), so the `wait` that asks for it costs no
-        worker round trip. Runs that yielded or are restart-safe wait for their `wait`."""
-        if run.yields or run.held or run.journal.restart_safe or run.worker is None:
-            return
-        run.dispatcher.notify(functools.partial(self._start_advance, run))
-
-    def _start_advance(self, run: Run) -> None:
-        with self._advancer_lock:
-            if self._closed:
-                return
-            if self._advancer is None:
-                workers = self._supervisor.size
-                self._advancer = concurrent.futures.ThreadPoolExecutor(workers, "codemode-advance")
-            self._advancer.submit(self._advance, run)
-
-    def _advance(self, run: Run) -> None:
-        if not self._runs.begin_advance(run):
-            return  # a `wait` (or cancel) has it, or it is gone
-        step = None
-        try:
-            step = self._supervisor.advance(run, run.timeout_ms, functools.partial(self._start_advance, run))
-            if step is not None:
-                run.ahead = step
-                if step.status != "suspended":
-                    run.dispatcher.close()  # nothing is in flight; spares the `wait` the work
-        except ClosedError:
-            pass
-        except Exception as e:
-            # A bug, not the guest's doing: logged, and the `wait` reports the run failed.
-            _log.exception("code mode: advancing suspended run %s failed", run.run_id)
-            run.ahead = step = Step(failure=("internal_error", type(e).__name__, f"code mode advance failed: {e}", ""))
-        finally:
-            if self._runs.end_advance(run):
-                self._retire(run)  # cancelled meanwhile
-                step = None
-        if step is not None and step.status == "suspended" and not run.held:
-            self._arm_advance(run)  # parked on its other calls: the next result advances it again
 
     def _retire(self, run: Run) -> None:
         """A run is over (or abandoned): leave the table, free its runtime, cancel its tools."""
@@ -1024,7 +1043,9 @@ class CodeMode:
         run.yields.extend(c.id for c in journal.calls if c.id not in settled and c.tool == _engine.YIELD_TOOL)
         if not self._runs.suspend(run):
             raise CodemodeError(TOO_MANY)
-        run.dispatcher.submit(redo)
+        inline = run.dispatcher.submit(redo)
+        if inline is not None:
+            inline()
         return run.run_id
 
 
@@ -1111,15 +1132,23 @@ class Session:
         return {"error": f"unknown tool: {name}"}
 
     async def exec_async(self, args: dict[str, Any]) -> dict[str, Any]:
-        """``exec`` without blocking the event loop; async tools run on this loop."""
-        loop = asyncio.get_running_loop()
-        result = await asyncio.to_thread(self.codemode._exec, self, args, lambda: loop)
-        return result.to_dict()
+        """``exec`` as a coroutine on this loop (no thread waits for it); async tools run on this
+        loop, sync tools on a bounded pool (`supervisor.SYNC_TOOL_THREADS`)."""
+        return (await self.codemode._exec_async(self, args)).to_dict()
 
     async def wait_async(self, args: dict[str, Any]) -> dict[str, Any]:
-        return (await asyncio.to_thread(self.codemode._wait, self, args)).to_dict()
+        return (await self.codemode._wait_async(self, args)).to_dict()
 
-    async def run_async(self, code: str, *, language: Literal["javascript", "typescript"] = "javascript") -> Result:
-        loop = asyncio.get_running_loop()
-        args = {"code": code, "language": language}
-        return await asyncio.to_thread(self.codemode._exec, self, args, lambda: loop)
+    async def run_async(
+        self,
+        code: str,
+        *,
+        language: Literal["javascript", "typescript"] = "javascript",
+        restart_safe: bool = False,
+    ) -> Result:
+        args = {"code": code, "language": language, "restartSafe": restart_safe}
+        return await self.codemode._exec_async(self, args)
+
+    async def resume_async(self, run_id: str) -> Result:
+        """Typed ``wait_async``."""
+        return await self.codemode._wait_async(self, {"runId": run_id})

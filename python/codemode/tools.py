@@ -1,10 +1,11 @@
 """Host tools: defining them, the run's catalog view, and running the calls a cell makes.
 
-Tools always run in the host process, never in a worker. A sync function runs inline on the
-thread driving the run (no hop; it must not block for long). An ``async def`` tool runs on an
-event loop: the caller's own loop for ``exec_async``, or a private background loop for
-``exec``. Every call passes the same gate: the run's catalog (policy-filtered), the
-``before_tool_call`` hook, the approval callback, then the tool, then its output contract.
+Tools always run in the host process, never in a worker. A sync function runs on the thread
+of the ``exec``/``wait`` that waits for the run (no hop), or, for ``exec_async``, on a bounded
+pool (`supervisor.SYNC_TOOL_THREADS`): never on the thread that reads a worker, so a slow one
+stalls no other run. An ``async def`` tool runs on an event loop: the caller's own loop for
+``exec_async``, or a private background loop for ``exec``. Every call passes the same gate: the
+run's catalog (policy-filtered), the ``before_tool_call`` hook, the approval callback, then the tool, then its output contract.
 Results cross to the guest as JSON; an exception becomes a plain guest ``Error`` carrying only
 its message.
 """
@@ -15,9 +16,7 @@ import asyncio
 import functools
 import hashlib
 import inspect
-import os
 import re
-import select
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -336,25 +335,19 @@ def apply_hook(decision: HookResult, args: Any) -> Any:
     return args
 
 
-#: Results up to this size are handed to a parked run from the tool's own thread (a pipe holds
-#: them without blocking that thread); larger ones wake the run driver.
-DIRECT_SETTLE_BYTES = 32 << 10
-
-
-def settles_directly(results: list[tuple[int, bool, str]]) -> bool:
-    """Small enough for a tools' thread to write to the worker itself (`DIRECT_SETTLE_BYTES`)."""
-    return sum(len(payload) for _, _, payload in results) <= DIRECT_SETTLE_BYTES
+Result = tuple[int, bool, str]
 
 
 class _Plan(NamedTuple):
     """How `Dispatcher.submit` starts one call."""
 
-    #: The loop it runs on; None: it runs inline, or is answered at once.
-    loop: LoopRef | None
     #: The tool id an ``MCP.*`` or namespace call resolved to.
     resolved: str | None
-    #: Starts it; given the loop whose thread calls it, if any.
-    start: Callable[[asyncio.AbstractEventLoop | None], None]
+    #: Runs it: an answer or a sync tool returns its result; an async call starts on its loop
+    #: and returns None.
+    run: Callable[[], Result | None]
+    #: A sync tool: host code that the caller of ``submit`` runs where it chooses.
+    inline: bool = False
 
 
 def _error_message(tool_id: str, exc: BaseException) -> str:
@@ -376,8 +369,8 @@ def _args(value: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
 class Dispatcher:
     """Runs one run's tool calls and hands back ``(call_id, ok, payload)`` results.
 
-    Completed async calls land in a list and write a byte to ``wake_fd``, so the run driver can
-    wait on the worker pipe and the tools with one ``poll``.
+    Finished calls land in a list; ``listener`` (the supervisor's, for runs) is told after each
+    lands, on the thread that finished it, and ``wait_ready`` serves host-side calls.
     """
 
     def __init__(
@@ -407,26 +400,12 @@ class Dispatcher:
         self.parent = ""
         #: Namespace calls arrive under a marker id; this maps their call ids to the real tool.
         self.resolved: dict[int, str] = {}
-        self._ready: list[tuple[int, bool, str]] = []
-        self._lock = threading.Lock()
-        #: In-flight async calls: their loop, and what cancels them (None until they are started).
-        self._futures: dict[int, tuple[asyncio.AbstractEventLoop, Callable[[], object] | None]] = {}
-        self._pipe: tuple[int, int] | None = None
-        #: Set while the run driver is parked (`arm`): the first finished call hands the ready
-        #: results to it on the thread that finished them, without waking the driver.
-        self._on_ready: Callable[[list[tuple[int, bool, str]]], object] | None = None
-        #: Set while the run is suspended (`notify`): told once when a result lands.
-        self._on_result: Callable[[], object] | None = None
-
-    @property
-    def wake_fd(self) -> int:
-        """Created on first use, by whichever thread (the driver, or a relay's loop) that is."""
-        with self._lock:
-            if self._pipe is None:
-                self._pipe = os.pipe()
-                os.set_blocking(self._pipe[0], False)
-                os.set_blocking(self._pipe[1], False)
-            return self._pipe[0]
+        self._ready: list[Result] = []
+        self._lock = threading.Condition()
+        #: In-flight async calls: what cancels them (None until they are started).
+        self._futures: dict[int, Callable[[], object] | None] = {}
+        #: Told (with no arguments, outside the lock) after results land.
+        self.listener: Callable[[], object] | None = None
 
     def _namespace_target(self, input_json: str) -> tuple[str, Any]:
         """Resolves a namespace function call to ``(tool id, tool input)``; raises ``Refused``."""
@@ -444,20 +423,31 @@ class Dispatcher:
             return tool_id, mapper(list(args))
         return tool_id, args[0] if args else {}
 
-    def submit(self, calls: list[tuple[int, str, str]], *, only_on: asyncio.AbstractEventLoop | None = None) -> bool:
-        """Starts the calls: sync tools run inline, here; async ones on their loop. With
-        ``only_on`` (the relay, on that loop's thread): starts nothing and returns False unless
-        every call is an async call on that loop, so that no host code runs inline there."""
-        if only_on is not None and any(tool_id == NAMESPACE_TOOL for _, tool_id, _ in calls):
-            return False  # resolving a namespace call runs the host's input mapper
-        planned = [self._plan(*call) for call in calls]
-        if only_on is not None and any(p.loop is None or p.loop() is not only_on for p in planned):
-            return False
-        for (call_id, _, _), plan in zip(calls, planned, strict=True):
+    def submit(self, calls: list[tuple[int, str, str]]) -> Callable[[], None] | None:
+        """Starts the calls: async ones on their loop; calls that fail before a tool runs are
+        answered at once. Returns what runs the sync tools among them (each result lands as
+        any other), for the caller to run on a thread of its choosing; None if there are none."""
+        inline: list[Callable[[], Result | None]] = []
+        answered: list[Result] = []
+        for call in calls:
+            plan = self._plan(*call)
             if plan.resolved is not None:
-                self.resolved[call_id] = plan.resolved
-            plan.start(only_on)
-        return True
+                self.resolved[call[0]] = plan.resolved
+            if plan.inline:
+                inline.append(plan.run)
+                continue
+            result = plan.run()
+            if result is not None:
+                answered.append(result)
+        if answered:
+            self.add_ready(answered)
+        if not inline:
+            return None
+        return functools.partial(self._run_inline, inline)
+
+    def _run_inline(self, runs: list[Callable[[], Result | None]]) -> None:
+        results = [result for run in runs if (result := run()) is not None]
+        self.add_ready(results)
 
     def _plan(self, call_id: int, tool_id: str, input_json: str) -> _Plan:
         """How one call starts (nothing is started or recorded here)."""
@@ -479,7 +469,7 @@ class Dispatcher:
                     return self._answer(call_id, None, f"unknown MCP request {server}.{op}")
                 label = f"mcp:{server}:{op}"
                 make = functools.partial(ops, server, op, payload)
-                return _Plan(self._loop, None, lambda here: self._start_coroutine(call_id, label, make, here))
+                return _Plan(None, lambda: self._start_coroutine(call_id, label, make))
             resolved = tool_id
         if tool_id == NAMESPACE_TOOL:
             try:
@@ -501,12 +491,12 @@ class Dispatcher:
             except msgspec.DecodeError:
                 return self._answer(call_id, resolved, f"tool {tool_id}: input is not valid JSON")
         if tool.is_async or self._gate_is_async:
-            return _Plan(tool.loop or self._loop, resolved, lambda here: self._start_async(call_id, tool, args, here))
-        return _Plan(None, resolved, lambda _: self._ready.append(self._run_sync(call_id, tool, args)))
+            return _Plan(resolved, lambda: self._start_async(call_id, tool, args))
+        return _Plan(resolved, lambda: self._run_sync(call_id, tool, args), inline=True)
 
     def _answer(self, call_id: int, resolved: str | None, message: str) -> _Plan:
         """A call answered at once with an error ``message``."""
-        return _Plan(None, resolved, lambda _: self._ready.append((call_id, False, message)))
+        return _Plan(resolved, lambda: (call_id, False, message))
 
     def _event(self, tool: Tool, args: Any) -> ToolCallEvent:
         return ToolCallEvent(
@@ -542,7 +532,7 @@ class Dispatcher:
                 raise Refused("tool call blocked: not approved")
         return args
 
-    def _run_sync(self, call_id: int, tool: Tool, args: Any) -> tuple[int, bool, str]:
+    def _run_sync(self, call_id: int, tool: Tool, args: Any) -> Result:
         started = time.perf_counter()
         try:
             args = self._gate_sync(tool, args)
@@ -553,7 +543,7 @@ class Dispatcher:
         self._record(call_id, tool.id, started, result[1])
         return result
 
-    def _finish(self, call_id: int, tool: Tool, value: Any) -> tuple[int, bool, str]:
+    def _finish(self, call_id: int, tool: Tool, value: Any) -> Result:
         """Checks the output contract, then encodes; neither message echoes the value."""
         try:
             payload = _encode(value)
@@ -581,8 +571,8 @@ class Dispatcher:
                 )
             )
 
-    def _start_async(self, call_id: int, tool: Tool, args: Any, here: asyncio.AbstractEventLoop | None) -> None:
-        async def call() -> tuple[int, bool, str]:
+    def _start_async(self, call_id: int, tool: Tool, args: Any) -> None:
+        async def call() -> Result:
             gated = await self._gate_async(tool, args) if self._gated else args
             positional, keywords = _args(gated)
             value = tool.fn(*positional, **keywords)
@@ -590,29 +580,26 @@ class Dispatcher:
                 value = await value
             return self._finish(call_id, tool, value)
 
-        self._start(call_id, tool.id, call, tool.loop, here)
+        self._start(call_id, tool.id, call, tool.loop)
 
-    def _start_coroutine(
-        self, call_id: int, label: str, make: Callable[[], Awaitable[Any]], here: asyncio.AbstractEventLoop | None
-    ) -> None:
-        async def call() -> tuple[int, bool, str]:
+    def _start_coroutine(self, call_id: int, label: str, make: Callable[[], Awaitable[Any]]) -> None:
+        async def call() -> Result:
             try:
                 payload = _encode(await make())
             except (TypeError, ValueError, msgspec.EncodeError) as e:
                 return (call_id, False, f"{label} returned a value that is not JSON: {e}")
             return (call_id, True, payload.decode())
 
-        self._start(call_id, label, call, None, here)
+        self._start(call_id, label, call, None)
 
     def _start(
         self,
         call_id: int,
         label: str,
-        call: Callable[[], Awaitable[tuple[int, bool, str]]],
+        call: Callable[[], Awaitable[Result]],
         loop: LoopRef | None,
-        here: asyncio.AbstractEventLoop | None,
     ) -> None:
-        """Starts ``call`` on its loop; ``here`` is the loop whose thread this is, if any."""
+        """Starts ``call`` on its loop (at once, as a task, when this is that loop's thread)."""
         started = time.perf_counter()
 
         async def guarded() -> None:
@@ -623,156 +610,81 @@ class Dispatcher:
                 result = (call_id, False, _error_message(label, e))
             self._deliver(call_id, label, started, result)
 
-        _ = self.wake_fd  # created before the call can finish and need it
         target = (loop or self._loop)()
-        cancel: Callable[[], object]
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
         if target is here:
-            # On the loop's own thread (the relay): no trip through its self-pipe, one loop
-            # iteration less before the call runs.
+            # No trip through the loop's self-pipe, one loop iteration less before it runs.
             task = target.create_task(guarded())
-            cancel = functools.partial(target.call_soon_threadsafe, task.cancel)
             with self._lock:
-                self._futures[call_id] = (target, cancel)
+                self._futures[call_id] = functools.partial(target.call_soon_threadsafe, task.cancel)
             return
         with self._lock:
-            self._futures[call_id] = (target, None)  # it may finish before run_coroutine_threadsafe returns
+            self._futures[call_id] = None  # it may finish before run_coroutine_threadsafe returns
         future = asyncio.run_coroutine_threadsafe(guarded(), target)
         with self._lock:
             if call_id in self._futures:
-                self._futures[call_id] = (target, future.cancel)
+                self._futures[call_id] = future.cancel
                 return
         future.cancel()  # cancelled meanwhile (a no-op if it was delivered already)
 
-    def _deliver(self, call_id: int, label: str, started: float, result: tuple[int, bool, str]) -> None:
+    def _deliver(self, call_id: int, label: str, started: float, result: Result) -> None:
         self._record(call_id, label, started, result[1])
         with self._lock:
             if call_id not in self._futures:
                 return  # cancelled
             del self._futures[call_id]
-            self._ready.append(result)
-            told, self._on_result = self._on_result, None
-            handler = self._on_ready
-            if handler is not None and settles_directly(self._ready):
-                self._on_ready = None
-                ready, self._ready = self._ready, []
-            else:
-                handler = None
-                self._wake_locked()
-        if handler is not None:
-            handler(ready)
-        if told is not None:
-            told()
+        self.add_ready([result])
 
-    def notify(self, callback: Callable[[], object]) -> None:
-        """Calls ``callback`` once, on the thread of the next result to land (or now, if one is
-        ready already)."""
+    def add_ready(self, results: list[Result]) -> None:
+        """Results to hand to the run (tools', or ``yield_control``'s); tells the listener."""
+        if not results:
+            return
         with self._lock:
-            if not self._ready:
-                self._on_result = callback
-                return
-            self._on_result = None
-        callback()
+            self._ready.extend(results)
+            self._lock.notify_all()
+            listener = self.listener
+        if listener is not None:
+            listener()
 
-    def requeue(self, results: list[tuple[int, bool, str]]) -> None:
-        """Puts back results taken with ``take_ready`` that could not be delivered (and sets
-        ``wake_fd`` again, which taking them cleared)."""
+    def requeue(self, results: list[Result]) -> None:
+        """Puts back results taken with ``take_ready`` that were never delivered (first, in
+        their order; the listener is not told: whoever put them back goes on with them)."""
         with self._lock:
             self._ready[:0] = results
-            self._wake_locked()
 
-    def wake(self) -> None:
-        """Makes ``wake_fd`` readable (the relay hands the worker back to the driver)."""
+    def has_ready(self) -> bool:
         with self._lock:
-            self._wake_locked()
+            return bool(self._ready)
 
-    def _wake_locked(self) -> None:
-        # Under the lock: `close` cannot close the pipe (and free its fd number) meanwhile.
-        if self._pipe is not None:
-            try:
-                os.write(self._pipe[1], b"\0")
-            except BlockingIOError:
-                pass  # full of wake-ups already
-
-    def arm(self, handler: Callable[[list[tuple[int, bool, str]]], object]) -> None:
-        """The run driver parks: the next call to finish passes the ready results to ``handler``
-        on its own thread (small results only; others still go through ``wake_fd``)."""
-        with self._lock:
-            self._on_ready = handler
-
-    @property
-    def armed(self) -> bool:
-        with self._lock:
-            return self._on_ready is not None
-
-    def disarm(self) -> bool:
-        """Ends ``arm``. False if the handler has taken results (it may still be running)."""
-        with self._lock:
-            armed, self._on_ready = self._on_ready is not None, None
-        return armed
-
-    def take_ready(self) -> list[tuple[int, bool, str]]:
+    def take_ready(self) -> list[Result]:
         with self._lock:
             ready, self._ready = self._ready, []
-        if ready:
-            self.clear_wakes()
         return ready
 
-    def clear_wakes(self) -> None:
-        """Empties ``wake_fd``. The caller looks at ``take_ready`` before it sleeps again."""
-        with self._lock:  # `close` cannot close the pipe (and free its fd number) meanwhile
-            if self._pipe is not None:
-                try:
-                    while os.read(self._pipe[0], 4096):
-                        pass
-                except BlockingIOError:
-                    pass
-
-    def wait_ready(self, deadline: float) -> list[tuple[int, bool, str]]:
+    def wait_ready(self, deadline: float) -> list[Result]:
         """The results ready now or, if none, the first to finish before ``deadline``
         (``time.monotonic``); empty if nothing is running or the deadline passes."""
-        results = self.take_ready()
-        while not results and self.pending():
-            timeout = deadline - time.monotonic()
-            if timeout <= 0:
-                break
-            poller = select.poll()
-            poller.register(self.wake_fd, select.POLLIN)
-            poller.poll(timeout * 1000.0)
-            results = self.take_ready()
-        return results
+        with self._lock:
+            while not self._ready and self._futures:
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
+                    break
+                self._lock.wait(timeout)
+            ready, self._ready = self._ready, []
+        return ready
 
     def pending(self) -> int:
         with self._lock:
             return len(self._futures)
 
-    def loop_of(self, calls: list[tuple[int, str, str]]) -> asyncio.AbstractEventLoop | None:
-        """The loop ``submit`` would likely start these calls on, with nothing else in flight
-        or waiting: the first one's, if it is an async call on a loop; else None. A guess for
-        the relay, which checks with ``submit(only_on=...)`` and hands the calls back when it is
-        wrong."""
-        with self._lock:
-            if self._futures or self._ready or not calls:
-                return None
-        if calls[0][1] == NAMESPACE_TOOL:
-            return None  # planning it would run the host's input mapper
-        ref = self._plan(*calls[0]).loop
-        try:
-            return ref() if ref is not None else None
-        except Exception:
-            return None  # (a closed MCP client, say): `submit` answers the call
-
-    def loop(self) -> asyncio.AbstractEventLoop | None:
-        """The one event loop every in-flight call runs on; None if none is in flight, or if
-        they run on several."""
-        with self._lock:
-            loops = {loop for loop, _ in self._futures.values()}
-        return loops.pop() if len(loops) == 1 else None
-
     def cancel(self) -> None:
         with self._lock:
             futures, self._futures = list(self._futures.values()), {}
-            self._on_result = None
-        for _, cancel in futures:
+            self._lock.notify_all()
+        for cancel in futures:
             if cancel is not None:
                 try:
                     cancel()
@@ -780,9 +692,6 @@ class Dispatcher:
                     pass  # its loop is closed: the call is gone with it
 
     def close(self) -> None:
+        """Cancels what is in flight and tells no one of results from now on."""
+        self.listener = None
         self.cancel()
-        with self._lock:
-            pipe, self._pipe = self._pipe, None
-        if pipe is not None:
-            for fd in pipe:
-                os.close(fd)

@@ -1,0 +1,221 @@
+"""Worker processes: the handle on one, and the lane the supervisor keeps for each.
+
+    Lane ─┬─ WorkerProcess      start, send, receive, kill, liveness (nothing else: a worker
+          │                     elsewhere, e.g. a Ray actor, plugs in behind the same five)
+          ├─ inflight           the one frame the worker is executing, and when it must answer
+          ├─ queue              runs with a frame to send once it is free (FIFO: fair)
+          ├─ residents          runs whose runtime lives there (parked, queued, running)
+          └─ reader             who reads its pipe now: its reader thread, or a waiting caller
+
+Workers are separate processes (``subprocess`` — never ``fork`` — ``python -I``, an empty
+environment, their own session and process group, RLIMIT_AS and RLIMIT_CPU). Every frame from
+a worker is untrusted: size-capped and decoded against the protocol union; a worker that sends
+anything else is discarded. A worker executes one frame at a time; the supervisor sends it the
+next only when it has answered the last, so it always knows which run a worker is busy with,
+since when, and which run to blame if it dies.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+from typing import TYPE_CHECKING, NamedTuple
+
+import msgspec
+
+from . import protocol
+from .errors import ProtocolError, WorkerCrashed
+
+if TYPE_CHECKING:
+    from .runs import Run
+
+__all__ = ["Inflight", "Lane", "WorkerProcess"]
+
+#: RLIMIT_AS for a worker on top of what its resident runtimes may hold together: QuickJS heaps
+#: are capped by their own allocator; this bounds the rest.
+WORKER_ADDRESS_SLACK = 2 << 30
+#: RLIMIT_CPU (seconds) for a worker; it is recycled well before it could reach this.
+WORKER_CPU_SECONDS = 3600
+
+#: The worker's entry. msgspec imports typing_extensions only if it can (it falls back to
+#: `typing`), and that import (with `inspect`) is ~a third of a worker's start-up: block it.
+_WORKER_MAIN = "import sys; sys.modules['typing_extensions'] = None; from codemode._worker import main; main()"
+
+
+class WorkerProcess:
+    """One worker subprocess and the framing on its pipes."""
+
+    def __init__(self, address_space: int) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-c", _WORKER_MAIN, str(address_space), str(WORKER_CPU_SECONDS)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env={},
+            start_new_session=True,
+            close_fds=True,
+            bufsize=0,
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.wfd = self.proc.stdin.fileno()
+        self.rfd = self.proc.stdout.fileno()
+        self.reader = protocol.FrameReader(self.rfd)
+        self._poller = select.poll()
+        self._poller.register(self.rfd, select.POLLIN)
+        #: Writes are whole frames: a ``Drop`` may be written by any thread, between others.
+        self._write_lock = threading.Lock()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def send(self, frames: list[msgspec.Struct]) -> OSError | None:
+        """Writes the frames, each whole; the error if the pipe is gone (the reader then finds
+        its end). Under the write lock, which `close_pipes` takes too: the fd cannot be closed
+        (and its number reused) meanwhile."""
+        data = b"".join(protocol.encode(frame) for frame in frames)
+        with self._write_lock:
+            if self.proc.stdin is None or self.proc.stdin.closed:
+                return BrokenPipeError("pipe closed")
+            try:
+                protocol.write_all(self.wfd, data)
+            except OSError as e:
+                return e
+        return None
+
+    def readable(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` for the worker to write (or exit)."""
+        return bool(self._poller.poll(max(0.0, timeout_s) * 1000.0))
+
+    def receive(self) -> list[protocol.WorkerFrame] | None:
+        """Reads what the worker wrote: the whole frames it completes (maybe none); None at the
+        end of the pipe. Raises ``ProtocolError`` for a frame that is not one of ours."""
+        if not self.reader.fill():
+            return None
+        frames = []
+        while (body := self.reader.poll()) is not None:
+            try:
+                frames.append(protocol.worker_decoder.decode(body))
+            except msgspec.DecodeError as e:
+                raise ProtocolError(f"worker {self.pid} sent a malformed frame: {e}") from None
+        return frames
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def crashed(self, message: str, *, timed_out: bool = False) -> WorkerCrashed:
+        """The error for a worker that is gone (reaped here), with its exit code or signal."""
+        code = self.proc.poll()
+        if code is None:
+            self.kill()
+            code = self.proc.returncode
+        sig = -code if code is not None and code < 0 else None
+        exit_code = code if code is not None and code >= 0 else None
+        if sig is not None and not timed_out:
+            message = f"{message} (signal {signal.Signals(sig).name})"
+        elif exit_code is not None:
+            message = f"{message} (exit code {exit_code})"
+        return WorkerCrashed(message, exit_code=exit_code, signal=sig, timed_out=timed_out)
+
+    def signal_kill(self) -> None:
+        """SIGKILL, without waiting (safe under a lock); `kill` reaps."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.signal_kill()
+        self.proc.wait()
+        self.close_pipes()
+
+    def close_pipes(self) -> None:
+        with self._write_lock:
+            for stream in (self.proc.stdin, self.proc.stdout):
+                if stream is not None and not stream.closed:
+                    stream.close()
+
+    def shutdown(self, wait_s: float = 0.5) -> None:
+        """Asks the worker to exit (EOF on stdin), then kills it if it lingers."""
+        with self._write_lock:
+            if self.proc.stdin is not None and not self.proc.stdin.closed:
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill()
+
+
+class Inflight(NamedTuple):
+    """The frame a worker is executing."""
+
+    #: Whose (None: the worker's ``Ready``, before its first frame).
+    run: Run | None
+    kind: str  # ready | start | settle | replay
+    sent: float
+    #: When the worker is killed if it has not answered (the run's deadline plus the grace).
+    kill_at: float
+
+
+#: The reader that is a lane's own thread (any other reader is a waiting caller's `Waiter`).
+READER_THREAD = "thread"
+
+
+class Lane:
+    """What the supervisor knows of one worker. Every field is guarded by the supervisor's
+    lock, except ``worker``'s pipes (see `WorkerProcess`)."""
+
+    __slots__ = (
+        "attached",
+        "cond",
+        "configured",
+        "dead",
+        "index",
+        "inflight",
+        "memory",
+        "queue",
+        "reader",
+        "reader_busy",
+        "residents",
+        "retiring",
+        "started",
+        "thread",
+        "worker",
+    )
+
+    def __init__(self, index: int, worker: WorkerProcess, lock: threading.Lock, spawned_at: float) -> None:
+        self.index = index
+        self.worker = worker
+        self.inflight: Inflight | None = Inflight(None, "ready", spawned_at, 0.0)
+        self.queue: collections.deque[Run] = collections.deque()
+        self.residents: set[Run] = set()
+        #: Residents with a caller waiting on them: someone must read while any are here.
+        self.attached: set[Run] = set()
+        #: QuickJS memory of the residents together, as last reported.
+        self.memory = 0
+        #: Who reads the pipe: None, `READER_THREAD`, or a waiting caller's `Waiter`.
+        self.reader: object = None
+        #: The caller reading is away running its sync tools: others take over if they need to.
+        self.reader_busy = False
+        self.cond = threading.Condition(lock)
+        self.configured: object = None
+        self.dead = False
+        #: Served its share of cells: takes no new ones, and is replaced once it holds none.
+        self.retiring = False
+        self.started = 0
+        self.thread: threading.Thread | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.worker.pid
+
+    def busy(self) -> int:
+        """How much work is ahead of a new frame here."""
+        return len(self.queue) + (self.inflight is not None)

@@ -1,0 +1,291 @@
+"""Many runs at once: workers serve other runs while a run is parked on host tools.
+
+Every test asserts outcomes only (values, statuses, call counts); the waits in them are hang
+guards with generous bounds, never measurements.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+from codemode import CodeMode
+
+TWO_CALLS = "const a = await tools.slow({i: %d}); const b = await tools.slow({i: %d}); return [a, b]"
+
+
+async def until(
+    condition: Callable[[], bool], what: str, runs: Sequence[asyncio.Task[Any]] = (), timeout_s: float = 30.0
+) -> None:
+    """Polls ``condition`` on the running loop (which keeps serving the async tools); a run in
+    ``runs`` that ends first fails the wait with its result."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        ended = [run.result() for run in runs if run.done()]
+        if ended:
+            raise AssertionError(f"{what}: a run ended first: {ended[0]}")
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what} (after {timeout_s} s)")
+        await asyncio.sleep(0.01)
+
+
+def only_worker_pid(cm: CodeMode) -> int:
+    pids = cm._supervisor.worker_pids()
+    assert len(pids) == 1, pids
+    return pids[0]
+
+
+def not_completed(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in results if r["status"] != "completed"][:3]
+
+
+@pytest.mark.timeout(60)
+def test_48_concurrent_exec_async_cells_each_awaiting_two_async_tools_all_complete(make_codemode):
+    cm = make_codemode({"workers": 2, "timeoutMs": 20000})
+
+    @cm.tool
+    async def slow(i: int) -> int:
+        await asyncio.sleep(0.2)
+        return i * 3
+
+    async def main() -> list[dict[str, Any]]:
+        s = cm.session()
+        return await asyncio.gather(*(s.exec_async({"code": TWO_CALLS % (i, i + 1000)}) for i in range(48)))
+
+    results = asyncio.run(main())
+    assert not_completed(results) == []
+    assert [r["value"] for r in results] == [[i * 3, (i + 1000) * 3] for i in range(48)]
+    assert {r["telemetry"]["toolCalls"] for r in results} == {2}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_16_threads_each_calling_exec_on_a_300ms_tool_all_complete(make_codemode, kind):
+    cm = make_codemode({"workers": 2, "timeoutMs": 20000})
+    if kind == "sync":
+
+        @cm.tool
+        def slow(i: int) -> int:
+            time.sleep(0.3)
+            return i + 7
+
+    else:
+
+        @cm.tool
+        async def slow(i: int) -> int:
+            await asyncio.sleep(0.3)
+            return i + 7
+
+    start = threading.Barrier(16)
+    results: dict[int, Any] = {}
+
+    def one(i: int) -> None:
+        session = cm.session(f"thread-{i}")
+        start.wait()
+        try:
+            results[i] = session.exec({"code": f"return await tools.slow({{i: {i}}})"})
+        except Exception as e:  # reported by the assertion below, not lost in the thread
+            results[i] = e
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(50)
+    assert sorted(results) == list(range(16))
+    assert not_completed(list(results.values())) == []
+    assert [results[i]["value"] for i in range(16)] == [i + 7 for i in range(16)]
+
+
+@pytest.mark.timeout(60)
+def test_exec_async_from_two_event_loops_in_two_threads_runs_each_tool_on_its_callers_loop(make_codemode):
+    cm = make_codemode({"workers": 2, "timeoutMs": 20000})
+    seen: dict[tuple[str, int], asyncio.AbstractEventLoop] = {}
+    callers: dict[str, asyncio.AbstractEventLoop] = {}
+    results: dict[str, Any] = {}
+    start = threading.Barrier(2)
+
+    @cm.tool
+    async def where(tag: str, i: int) -> str:
+        seen[(tag, i)] = asyncio.get_running_loop()
+        await asyncio.sleep(0.05)
+        return f"{tag}-{i}"
+
+    async def cells(tag: str) -> list[dict[str, Any]]:
+        callers[tag] = asyncio.get_running_loop()
+        s = cm.session(tag)
+        code = "return [await tools.where({tag: %r, i: %d}), await tools.where({tag: %r, i: %d})]"
+        return await asyncio.gather(*(s.exec_async({"code": code % (tag, i, tag, i + 100)}) for i in range(6)))
+
+    def loop_thread(tag: str) -> None:
+        start.wait()
+        try:
+            results[tag] = asyncio.run(cells(tag))
+        except Exception as e:
+            results[tag] = e
+
+    threads = [threading.Thread(target=loop_thread, args=(tag,)) for tag in ("left", "right")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(50)
+    for tag in ("left", "right"):
+        assert not_completed(results[tag]) == []
+        assert [r["value"] for r in results[tag]] == [[f"{tag}-{i}", f"{tag}-{i + 100}"] for i in range(6)]
+    assert callers["left"] is not callers["right"]
+    assert len(seen) == 24
+    assert all(loop is callers[tag] for (tag, _), loop in seen.items())
+
+
+@pytest.mark.timeout(90)
+def test_sigkill_of_the_worker_holding_30_parked_runs_loses_none_and_calls_each_tool_once(make_codemode):
+    cm = make_codemode({"workers": 1, "timeoutMs": 30000})
+    calls: collections.Counter[int] = collections.Counter()
+    gate = asyncio.Event()
+
+    @cm.tool
+    async def slow(i: int) -> int:
+        calls[i] += 1
+        await gate.wait()
+        await asyncio.sleep(0.05)
+        return i * 2
+
+    async def main() -> list[dict[str, Any]]:
+        s = cm.session()
+        runs = [asyncio.create_task(s.exec_async({"code": f"return await tools.slow({{i: {i}}})"})) for i in range(30)]
+        await until(lambda: len(calls) == 30, "all 30 runs parked on their tool", runs)
+        os.kill(only_worker_pid(cm), signal.SIGKILL)
+        gate.set()
+        return await asyncio.gather(*runs)
+
+    pid = only_worker_pid(cm)
+    results = asyncio.run(main())
+    assert not_completed(results) == []
+    assert [r["value"] for r in results] == [i * 2 for i in range(30)]
+    assert calls == {i: 1 for i in range(30)}
+    assert pid not in cm._supervisor.worker_pids()
+
+
+@pytest.mark.timeout(90)
+def test_sigkill_while_30_runs_are_parked_on_each_of_two_sequential_calls_replays_without_calling_again(
+    make_codemode,
+):
+    cm = make_codemode({"workers": 1, "timeoutMs": 30000})
+    calls: collections.Counter[int] = collections.Counter()
+    first, second = asyncio.Event(), asyncio.Event()
+
+    @cm.tool
+    async def slow(i: int) -> int:
+        calls[i] += 1
+        await (first if i < 1000 else second).wait()
+        await asyncio.sleep(0.05)
+        return i
+
+    code = "const a = await tools.slow({i: %d}); const b = await tools.slow({i: %d}); return a + b"
+
+    async def main() -> list[dict[str, Any]]:
+        s = cm.session()
+        runs = [asyncio.create_task(s.exec_async({"code": code % (i, i + 1000)})) for i in range(30)]
+        await until(lambda: len(calls) == 30, "all 30 runs parked on their first call", runs)
+        os.kill(only_worker_pid(cm), signal.SIGKILL)  # the first calls are pending
+        first.set()
+        await until(lambda: len(calls) == 60, "all 30 runs parked on their second call", runs)
+        os.kill(only_worker_pid(cm), signal.SIGKILL)  # the first results are only in the journal now
+        second.set()
+        return await asyncio.gather(*runs)
+
+    results = asyncio.run(main())
+    assert not_completed(results) == []
+    assert [r["value"] for r in results] == [2 * i + 1000 for i in range(30)]
+    assert calls == {**{i: 1 for i in range(30)}, **{i + 1000: 1 for i in range(30)}}
+
+
+@pytest.mark.timeout(60)
+def test_a_run_whose_tool_never_answers_times_out_alone_while_its_worker_serves_the_others(make_codemode):
+    cm = make_codemode({"workers": 1, "timeoutMs": 500})
+    never_set = asyncio.Event()
+    entered: list[str] = []
+
+    @cm.tool
+    async def stuck() -> int:
+        entered.append("stuck")
+        await never_set.wait()
+        return 0
+
+    @cm.tool
+    async def quick(i: int) -> int:
+        await asyncio.sleep(0.02)
+        return -i
+
+    async def main() -> tuple[dict[str, Any], list[dict[str, Any]], bool]:
+        s = cm.session()
+        held = asyncio.create_task(s.exec_async({"code": "return await tools.stuck({})"}))
+        await until(lambda: entered == ["stuck"], "the stuck run parked on its tool", [held])
+        others = await asyncio.gather(
+            *(s.exec_async({"code": f"return (await tools.quick({{i: {i}}})) - 1"}) for i in range(12))
+        )
+        waiting = await held
+        # Cancelled while this loop (which runs the stuck tool's task) is still running.
+        return waiting, others, s.cancel(waiting["runId"]) if waiting["status"] == "waiting" else False
+
+    held, others, cancelled = asyncio.run(main())
+    assert not_completed(others) == []
+    assert [r["value"] for r in others] == [-i - 1 for i in range(12)]
+    assert held["status"] == "waiting", held
+    assert held["reason"] == "pending_tools"
+    assert [c["toolId"] for c in held["pendingToolCalls"]] == ["host:core:stuck"]
+    assert cancelled
+
+
+@pytest.mark.timeout(60)
+def test_max_runs_per_worker_refuses_a_third_run_fast_and_frees_slots_as_runs_end(make_codemode):
+    cm = make_codemode({"workers": 1, "maxRunsPerWorker": 2, "timeoutMs": 20000})
+    gate = asyncio.Event()
+    entered: list[int] = []
+
+    @cm.tool
+    async def held(i: int) -> int:
+        entered.append(i)
+        await gate.wait()
+        return i
+
+    async def main() -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+        s = cm.session()
+        parked = [asyncio.create_task(s.exec_async({"code": f"return await tools.held({{i: {i}}})"})) for i in (1, 2)]
+        await until(lambda: len(entered) == 2, "two runs parked on their tools", parked)
+        # Bounded only so that a third run queued behind the two (instead of refused) fails the
+        # test instead of hanging it: the gate opens only after the third has answered.
+        third = await asyncio.wait_for(s.exec_async({"code": "return 3"}), 20)
+        gate.set()
+        done = await asyncio.gather(*parked)
+        return done, third, await s.exec_async({"code": "return 4"})
+
+    done, third, after = asyncio.run(main())
+    assert third["status"] == "failed", third
+    assert third["code"] == "runtime_unavailable"
+    assert "maxRunsPerWorker" in third["error"]
+    assert [r["value"] for r in done] == [1, 2]
+    assert after["status"] == "completed", after
+    assert after["value"] == 4
+
+
+@pytest.mark.timeout(60)
+def test_max_runs_per_worker_and_max_worker_memory_bytes_default_and_clamp(make_codemode):
+    default = make_codemode({"workers": 1}).config
+    assert default.max_runs_per_worker == 512
+    assert default.max_worker_memory_bytes == 2 << 30
+    low = make_codemode({"workers": 1, "maxRunsPerWorker": 0, "maxWorkerMemoryBytes": 0}).config
+    assert low.max_runs_per_worker == 1
+    assert low.max_worker_memory_bytes == 64 << 20
+    high = make_codemode({"workers": 1, "maxRunsPerWorker": 10**6, "maxWorkerMemoryBytes": 1 << 50}).config
+    assert high.max_runs_per_worker == 4096
+    assert high.max_worker_memory_bytes == 64 << 30
+    kept = make_codemode({"workers": 1, "maxRunsPerWorker": 77, "maxWorkerMemoryBytes": 1 << 30}).config
+    assert (kept.max_runs_per_worker, kept.max_worker_memory_bytes) == (77, 1 << 30)
