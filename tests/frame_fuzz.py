@@ -1,9 +1,9 @@
 """Fuzz harness for the host's reading of worker frames (worker output is hostile).
 
-The supervisor reads a worker with ``WorkerProcess.recv``: ``FrameReader`` (4-byte length prefix,
-capped) over the worker's stdout pipe, then ``protocol.worker_decoder``; a ``msgspec.DecodeError``
-becomes ``ProtocolError`` and end of file becomes ``WorkerCrashed``, and either one makes the
-supervisor replace the worker. ``read_stream`` drives that very method over a pipe fed with
+The supervisor reads a worker with ``WorkerProcess.receive``: ``FrameReader`` (4-byte length
+prefix, capped) over the worker's stdout pipe, then ``protocol.worker_decoder``; a
+``msgspec.DecodeError`` becomes ``ProtocolError`` and end of file (None) becomes ``WorkerCrashed``,
+and either one makes the supervisor replace the worker. ``read_stream`` drives that very method over a pipe fed with
 arbitrary bytes, and ``check_stream`` states the property:
 
 * reading yields typed ``WorkerFrame`` values (each re-encodes to what it decodes from) and then
@@ -30,7 +30,7 @@ import msgspec
 from codemode import protocol
 from codemode.errors import ProtocolError, WorkerCrashed
 from codemode.protocol import MAX_FRAME_BYTES, Fault, Ready, Report
-from codemode.supervisor import WorkerProcess
+from codemode.workers import WorkerProcess
 from hypothesis import strategies as st
 
 #: How long one stream may take to read before it counts as a hang.
@@ -55,18 +55,19 @@ class _Exited:
 
 
 def _pipe_worker(rfd: int) -> WorkerProcess:
-    """A ``WorkerProcess`` whose stdout is ``rfd``: the real ``recv``, without a subprocess."""
+    """A ``WorkerProcess`` whose stdout is ``rfd``: the real ``receive``, without a subprocess."""
     worker = WorkerProcess.__new__(WorkerProcess)
     worker.proc = _Exited()  # type: ignore[assignment]
     worker.rfd = rfd
     worker.reader = protocol.FrameReader(rfd)
+    worker._bad = None
     worker._poller = select.poll()
     worker._poller.register(rfd, select.POLLIN)
     return worker
 
 
 def read_stream(data: bytes, chunks: list[int]) -> tuple[list[Any], BaseException]:
-    """Everything ``WorkerProcess.recv`` reads from a worker that writes ``data`` (in writes of
+    """Everything ``WorkerProcess.receive`` reads from a worker that writes ``data`` (in writes of
     ``chunks`` bytes, cycled) and exits: the frames, and the exception that ended reading."""
     rfd, wfd = os.pipe()
 
@@ -92,10 +93,15 @@ def read_stream(data: bytes, chunks: list[int]) -> tuple[list[Any], BaseExceptio
         worker = _pipe_worker(rfd)
         deadline = time.monotonic() + READ_TIMEOUT_S
         while True:
+            if not worker.readable(deadline - time.monotonic()):
+                raise TimeoutError("reading a worker's output hung")
             try:
-                frames.append(worker.recv(deadline))
+                got = worker.receive()
+                if got is None:
+                    raise worker.crashed("worker exited")
             except (ProtocolError, WorkerCrashed) as e:
                 return frames, e
+            frames.extend(got)
     finally:
         os.close(rfd)
         writer.join()

@@ -11,10 +11,9 @@ import time
 from typing import Any
 
 import pytest
-from codemode import CodeMode, hotloop
+from codemode import hotloop
 from codemode._engine import spin_readable
 from codemode.hotloop import HotLoop, watch
-from mcp_servers import everything_server
 
 
 @pytest.fixture
@@ -143,40 +142,3 @@ def test_spin_readable_releases_the_gil_and_respects_its_bound():
     assert spin_readable(r, float("nan")) is True  # a bad bound is no bound, not a panic
     os.close(r)
     os.close(w)
-
-
-def test_the_relay_watches_from_the_mcp_loop_and_the_tools_loop_while_parked(monkeypatch):
-    seen: list[tuple[str, int]] = []
-    real = HotLoop.watch
-
-    def recorded(self: HotLoop, delta: int) -> None:
-        seen.append((threading.current_thread().name, delta))
-        real(self, delta)
-
-    monkeypatch.setattr(HotLoop, "watch", recorded)
-    with CodeMode({"workers": 1, "mcpServers": {"everything": everything_server()}}) as cm:
-        assert cm.load_mcp_tools() == {"everything": None}
-
-        @cm.tool
-        async def twice(n: int) -> int:
-            await asyncio.sleep(0.05)  # the run parks on it: the relay watches from the tools' loop
-            return 2 * n
-
-        assert isinstance(cm._mcp.event_loop(), HotLoop)
-        assert isinstance(cm._loop.get(), HotLoop)
-        code = (
-            "let s = ''; for (let i = 0; i < 3; i++) s += (await MCP.everything.getSum({a: i, b: 1})).content[0].text;"
-        )
-        code += " return [s, await tools.callValue('host:core:twice', {n: 2})]"
-        result = cm.session("s").exec({"code": code})
-        assert result["status"] == "completed", result
-        sums, doubled = result["value"]
-        assert all(str(n) in sums for n in (1, 2, 3)) and doubled == 4
-        # Every watch ended with its relay.
-        deadline = time.monotonic() + 5
-        while cm._mcp.event_loop()._hot.watchers and time.monotonic() < deadline:  # type: ignore[attr-defined]
-            time.sleep(0.01)
-        assert cm._mcp.event_loop()._hot.watchers == 0  # type: ignore[attr-defined]
-        assert cm._loop.get()._hot.watchers == 0  # type: ignore[attr-defined]
-    assert ("codemode-mcp", 1) in seen and ("codemode-tools", 1) in seen
-    assert sum(d for name, d in seen if name == "codemode-mcp") == 0

@@ -213,9 +213,8 @@ def test_resources_of_a_denied_or_unavailable_server_are_refused_on_the_host(mak
     dispatcher = Dispatcher(view, cm._loop.get, mcp_ops=cm._mcp_op)
     for server in ("secret", "down", "nowhere"):
         request = f'{{"server": "{server}", "op": "resources.read", "input": {{"uri": "memo://one"}}}}'
-        plan = dispatcher._plan(1, MCP_TOOL, request)
-        assert plan.loop is None  # answered at once, nothing started
-        plan.start(None)
+        assert dispatcher.submit([(1, MCP_TOOL, request)]) is None  # answered at once, nothing started
+        assert dispatcher.pending() == 0
         assert dispatcher.take_ready() == [(1, False, f"unknown MCP request {server}.resources.read")]
 
 

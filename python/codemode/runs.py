@@ -154,6 +154,7 @@ class Run:
         "queued_at",
         "run_id",
         "session_id",
+        "starting",
         "step",
         "store_key",
         "timeout_ms",
@@ -184,6 +185,9 @@ class Run:
         #: that lands advances the run, and the next `wait` reports or goes on from its step).
         self.step = Step()
         self.waiter: Any = None
+        #: Batches of calls handed to `Supervisor._submit` and not yet started: the run is not
+        #: suspended meanwhile (its sync tools may be about to run).
+        self.starting = 0
         #: QuickJS memory of the resident runtime, as last reported.
         self.memory_bytes = 0
         #: ``yield_control`` calls waiting for the next ``wait``.

@@ -624,9 +624,12 @@ class CodeMode:
         tool = view.tools.get(tool_id)
         payload = msgspec.json.encode(args if args is not None else {}).decode()
         if tool is not None and tool.source == "mcp":
-            dispatcher.submit([(1, MCP_TOOL, msgspec.json.encode({"id": tool_id, "input": args or {}}).decode())])
+            call = (1, MCP_TOOL, msgspec.json.encode({"id": tool_id, "input": args or {}}).decode())
         else:
-            dispatcher.submit([(1, tool_id, payload)])
+            call = (1, tool_id, payload)
+        inline = dispatcher.submit([call])
+        if inline is not None:
+            inline()  # a sync tool: here, on the caller's thread
         try:
             results = dispatcher.wait_ready(time.monotonic() + self.config.timeout_ms / 1000.0)
         finally:

@@ -42,6 +42,7 @@ import asyncio
 import concurrent.futures
 import functools
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -76,6 +77,7 @@ SYNC_TOOL_THREADS = 8
 MAX_PLACEMENTS = 3
 
 Out = list[Callable[[], object]]
+_log = logging.getLogger(__name__)
 
 
 def _failed(code: str, name: str, message: str) -> tuple[str | None, str, str, str]:
@@ -83,8 +85,13 @@ def _failed(code: str, name: str, message: str) -> tuple[str | None, str, str, s
 
 
 def _run_all(out: Out) -> None:
+    """What was decided under the lock: writes, wake-ups, starting calls. One that raises (a
+    bug) is logged and the rest still run: a skipped wake-up would leave a caller waiting."""
     for action in out:
-        action()
+        try:
+            action()
+        except Exception:
+            _log.exception("code mode supervisor: an action failed")
 
 
 class Waiter:
@@ -119,10 +126,17 @@ class Waiter:
             self.future.set_result(None)
 
 
+def _send_drop(lane: Lane, run: Run, out: Out) -> None:
+    """The worker forgets the run's runtime (a frame it does not answer)."""
+    out.append(functools.partial(lane.worker.send, [Drop(run.engine_run)], time.monotonic() + KILL_GRACE_S))
+
+
 def _decoded(report: Report) -> tuple[list[tuple[int, Any]], Any, Any]:
     """The guest JSON of a report, decoded (a ``ProtocolError`` if it is not JSON), outside the
     lock: outputs, the value, the store writes."""
-    outputs = [(kind, decode_guest_json(text) if kind == 1 else text) for kind, text in report.outputs]
+    outputs: list[tuple[int, Any]] = [
+        (kind, decode_guest_json(text) if kind == 1 else text) for kind, text in report.outputs
+    ]
     value = decode_guest_json(report.value) if report.status == "completed" and report.value is not None else None
     writes = decode_guest_json(report.store_writes) if report.store_writes is not None else None
     return outputs, value, writes
@@ -299,7 +313,7 @@ class Supervisor:
                 if run.phase is Phase.QUEUED:
                     lane.queue.remove(run)
                 if run.phase is not Phase.QUEUED or run.next_frame != "start":
-                    out.append(functools.partial(lane.worker.send, [Drop(run.engine_run)]))
+                    _send_drop(lane, run, out)
                 self._forget(run)
             else:
                 run.phase = Phase.ENDED
@@ -384,6 +398,8 @@ class Supervisor:
         now = time.monotonic()
         step = run.step
         if run.phase is Phase.PARKED:
+            if run.starting:
+                return READ_TICK_S  # its calls are being started: `_submit` pokes it after
             if now >= step.deadline:
                 self._end(run, "suspended", out, reason="pending_tools")
                 return None
@@ -452,12 +468,14 @@ class Supervisor:
         worker = lane.worker
         out: Out = []
         error: Exception | None = None
+        timed_out = False
         frames: list[tuple[protocol.WorkerFrame, Any]] = []
         if worker.readable(timeout):
             try:
                 got = worker.receive()
                 if got is None:
-                    error = worker.crashed(f"worker {worker.pid} exited")
+                    timed_out = worker.overdue
+                    error = worker.crashed(f"worker {worker.pid} exited", timed_out=timed_out)
                 else:
                     frames = [(f, _decoded(f) if isinstance(f, Report) else None) for f in got]
             except ProtocolError as e:
@@ -472,8 +490,13 @@ class Supervisor:
                     self._route(lane, frame, decoded, out)
             except ProtocolError as e:
                 error = e
+            except Exception as e:
+                # A bug in routing must not stop this worker's reader (its runs would hang):
+                # the worker is discarded as if it had sent a bad frame.
+                _log.exception("code mode supervisor: routing a frame from worker %s failed", worker.pid)
+                error = ProtocolError(f"code mode could not route a frame from worker {worker.pid}: {e!r}")
             if error is not None:
-                self._lane_died(lane, error, out)
+                self._lane_died(lane, error, out, timed_out=timed_out)
             elif lane.inflight is not None and time.monotonic() >= lane.inflight.kill_at:
                 error = worker.crashed(f"worker {worker.pid} overran its deadline", timed_out=True)
                 self._lane_died(lane, error, out, timed_out=True)
@@ -506,7 +529,7 @@ class Supervisor:
             raise ProtocolError(f"worker {lane.pid} sent {type(frame).__name__} unasked")
         elif run.aborted:
             if frame.status == "pending":
-                out.append(functools.partial(lane.worker.send, [Drop(run.engine_run)]))
+                _send_drop(lane, run, out)
             self._forget(run)
         elif inflight.kind == "replay":
             self._replayed(lane, run, frame, inflight, out)
@@ -555,7 +578,8 @@ class Supervisor:
             return
         if calls:
             step.tool_calls += len(calls)
-            out.append(functools.partial(self._submit, run, calls))
+            run.starting += 1
+            out.append(functools.partial(self._submit, run, calls, True))
         if run.yields:
             self._end(run, "suspended", out, reason="yield")
         elif journal.restart_safe:
@@ -576,7 +600,7 @@ class Supervisor:
         got = [(call_id, tool, input_hash(data)) for call_id, tool, data in report.calls]
         if report.status != "pending" or got != expected:
             if report.status == "pending":
-                out.append(functools.partial(lane.worker.send, [Drop(run.engine_run)]))
+                _send_drop(lane, run, out)
             self._forget(run)
             message = f"code mode run diverged on replay: {_divergence(expected, got, report.status)}"
             self._end(run, "failed", out, failure=_failed("internal_error", "DivergenceError", message))
@@ -604,13 +628,17 @@ class Supervisor:
             self._enqueue(run, "settle" if run.lane is not None else "replay", out)
         _run_all(out)
 
-    def _submit(self, run: Run, calls: list[tuple[int, str, str]]) -> None:
+    def _submit(self, run: Run, calls: list[tuple[int, str, str]], counted: bool = False) -> None:
         """Starts a run's calls (outside the lock); its sync tools go to the thread waiting for
-        the run, or to the pool."""
+        the run, or to the pool. ``counted``: in ``run.starting``, which this ends."""
         inline = run.dispatcher.submit(calls)
-        if inline is None:
-            return
         with self._lock:
+            if counted:
+                run.starting -= 1
+            if inline is None:
+                if counted and run.waiter is not None:
+                    run.waiter.poke()  # (it may have slept through its deadline meanwhile)
+                return
             waiter = run.waiter
             if waiter is not None and waiter.loop is None:
                 waiter.work.append(inline)
@@ -659,8 +687,8 @@ class Supervisor:
             if run.aborted or run.phase is not Phase.QUEUED:
                 continue
             frames = self._frame_for(lane, run, out)
-            if frames is not None:
-                out.append(functools.partial(lane.worker.send, frames))
+            if frames is not None and lane.inflight is not None:
+                out.append(functools.partial(lane.worker.send, frames, lane.inflight.kill_at))
 
     def _frame_for(self, lane: Lane, run: Run, out: Out) -> list[Any] | None:
         """Under the lock: the frame(s) for a run's turn on its worker, which is now busy with
@@ -700,7 +728,7 @@ class Supervisor:
                 if now >= step.deadline + KILL_GRACE_S:
                     # A guest whose tools answer at once has been running all along: it is
                     # past its time as if in one long drive (the kill would have ended that).
-                    out.append(functools.partial(lane.worker.send, [Drop(run.engine_run)]))
+                    _send_drop(lane, run, out)
                     self._forget(run)
                     failure = _failed("timeout", "TimeoutError", "code mode cell timed out.")
                     self._end(run, "failed", out, failure=failure)

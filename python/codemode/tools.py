@@ -4,10 +4,10 @@ Tools always run in the host process, never in a worker. A sync function runs on
 of the ``exec``/``wait`` that waits for the run (no hop), or, for ``exec_async``, on a bounded
 pool (`supervisor.SYNC_TOOL_THREADS`): never on the thread that reads a worker, so a slow one
 stalls no other run. An ``async def`` tool runs on an event loop: the caller's own loop for
-``exec_async``, or a private background loop for ``exec``. Every call passes the same gate: the
-run's catalog (policy-filtered), the ``before_tool_call`` hook, the approval callback, then the tool, then its output contract.
-Results cross to the guest as JSON; an exception becomes a plain guest ``Error`` carrying only
-its message.
+``exec_async``, or a private background loop for ``exec``. Every call passes the same gate:
+the run's catalog (policy-filtered), the ``before_tool_call`` hook, the approval callback, then
+the tool, then its output contract. Results cross to the guest as JSON; an exception becomes a
+plain guest ``Error`` carrying only its message.
 """
 
 from __future__ import annotations
@@ -430,7 +430,10 @@ class Dispatcher:
         inline: list[Callable[[], Result | None]] = []
         answered: list[Result] = []
         for call in calls:
-            plan = self._plan(*call)
+            try:
+                plan = self._plan(*call)
+            except Exception as e:  # a guest input no decoder or mapper could take
+                plan = self._answer(call[0], None, _error_message(call[1] if call[1][:1] != "\x00" else "call", e))
             if plan.resolved is not None:
                 self.resolved[call[0]] = plan.resolved
             if plan.inline:

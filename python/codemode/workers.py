@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
@@ -67,34 +68,54 @@ class WorkerProcess:
         self.reader = protocol.FrameReader(self.rfd)
         self._poller = select.poll()
         self._poller.register(self.rfd, select.POLLIN)
+        #: Writes never block past their deadline (a worker that stops reading is killed).
+        os.set_blocking(self.wfd, False)
+        self._out = select.poll()
+        self._out.register(self.wfd, select.POLLOUT)
         #: Writes are whole frames: a ``Drop`` may be written by any thread, between others.
         self._write_lock = threading.Lock()
+        #: Killed because it stopped reading before a write's deadline (its culprit timed out).
+        self.overdue = False
+        #: A malformed frame read after good ones (raised by the next `receive`).
+        self._bad: ProtocolError | None = None
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
-    def send(self, frames: list[msgspec.Struct]) -> OSError | None:
+    def send(self, frames: list[msgspec.Struct], deadline: float) -> OSError | None:
         """Writes the frames, each whole; the error if the pipe is gone (the reader then finds
-        its end). Under the write lock, which `close_pipes` takes too: the fd cannot be closed
-        (and its number reused) meanwhile."""
-        data = b"".join(protocol.encode(frame) for frame in frames)
+        its end). A worker that has not taken them by ``deadline`` (``time.monotonic``) stopped
+        reading: it is killed. Under the write lock, which `close_pipes` takes too: the fd
+        cannot be closed (and its number reused) meanwhile."""
+        view = memoryview(b"".join(protocol.encode(frame) for frame in frames))
         with self._write_lock:
             if self.proc.stdin is None or self.proc.stdin.closed:
                 return BrokenPipeError("pipe closed")
-            try:
-                protocol.write_all(self.wfd, data)
-            except OSError as e:
-                return e
+            while view:
+                try:
+                    view = view[os.write(self.wfd, view) :]
+                except BlockingIOError:
+                    timeout = deadline - time.monotonic()
+                    if timeout <= 0 or not self._out.poll(timeout * 1000.0):
+                        self.overdue = True
+                        self.signal_kill()
+                        return TimeoutError(f"worker {self.pid} stopped reading")
+                except OSError as e:
+                    return e
         return None
 
     def readable(self, timeout_s: float) -> bool:
-        """Waits up to ``timeout_s`` for the worker to write (or exit)."""
-        return bool(self._poller.poll(max(0.0, timeout_s) * 1000.0))
+        """Waits up to ``timeout_s`` for the worker to write (or exit); at once if `receive`
+        has an error to raise."""
+        return self._bad is not None or bool(self._poller.poll(max(0.0, timeout_s) * 1000.0))
 
     def receive(self) -> list[protocol.WorkerFrame] | None:
         """Reads what the worker wrote: the whole frames it completes (maybe none); None at the
-        end of the pipe. Raises ``ProtocolError`` for a frame that is not one of ours."""
+        end of the pipe. A frame that is not one of ours is a ``ProtocolError``, raised once the
+        frames before it have been returned."""
+        if self._bad is not None:
+            raise self._bad
         if not self.reader.fill():
             return None
         frames = []
@@ -102,7 +123,10 @@ class WorkerProcess:
             try:
                 frames.append(protocol.worker_decoder.decode(body))
             except msgspec.DecodeError as e:
-                raise ProtocolError(f"worker {self.pid} sent a malformed frame: {e}") from None
+                self._bad = ProtocolError(f"worker {self.pid} sent a malformed frame: {e}")
+                if not frames:
+                    raise self._bad from None
+                break
         return frames
 
     def alive(self) -> bool:
