@@ -94,14 +94,35 @@ def _run_all(out: Out) -> None:
             _log.exception("code mode supervisor: an action failed")
 
 
+class Signal:
+    """A wake-up for one waiting thread: ``set`` from anywhere, ``wait`` consumes it (a lock
+    used as a one-slot semaphore: no Python-level condition on an exec's latency path)."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        try:
+            self._lock.release()
+        except RuntimeError:
+            pass  # set already
+
+    def wait(self, timeout: float) -> None:
+        """Returns once set (consuming it) or after ``timeout`` seconds."""
+        self._lock.acquire(timeout=max(0.0, timeout))
+
+
 class Waiter:
     """Who waits for a run's step: a thread (``exec``/``wait``), or a coroutine on a loop."""
 
-    __slots__ = ("busy", "event", "future", "loop", "poke", "step", "work")
+    __slots__ = ("busy", "event", "future", "loop", "poke", "polling", "step", "thread", "work")
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.loop = loop
-        self.event = threading.Event()
+        self.event = Signal()
         self.future: asyncio.Future[None] | None = loop.create_future() if loop is not None else None
         #: The step, once it has ended.
         self.step: Step | None = None
@@ -109,6 +130,9 @@ class Waiter:
         #: (it reads no worker meanwhile).
         self.work: list[Callable[[], None]] = []
         self.busy = False
+        self.thread = threading.get_ident()
+        #: The lane it is polling now (it closes a lane that died meanwhile, once it looks).
+        self.polling: Lane | None = None
         #: Makes the waiter look at its run again now (its deadline may have come).
         self.poke: Callable[[], object] = self.event.set
 
@@ -199,29 +223,38 @@ class Supervisor:
             return best
         return full or self._spawn_error or "no worker process is running"
 
-    def _need_reader(self, lane: Lane) -> bool:
-        return bool(lane.inflight is not None or lane.queue or lane.attached)
+    def _need_reader(self, lane: Lane, but: Run | None = None) -> bool:
+        """The lane has a frame in flight or queued, or callers waiting on it (``but`` aside:
+        the run of a caller that goes to run its sync tools and sends their results itself)."""
+        return bool(lane.inflight is not None or lane.queue or len(lane.attached) > (but in lane.attached))
 
     def _ensure_reader(self, lane: Lane, prefer: Waiter | None = None) -> None:
         """Someone reads the lane while it has work in flight or callers waiting on it: the
-        caller ``prefer`` (a thread, which is woken to do it), else the lane's thread."""
-        if lane.dead or lane.reader is not None or not self._need_reader(lane):
+        caller ``prefer`` (a thread, which is woken to do it), else the lane's thread. A caller
+        reading it that is away running its sync tools hands the reading over, unless it is the
+        one preferred (on its own thread, done with them: their results are being sent)."""
+        if lane.dead or not self._need_reader(lane):
             return
-        if prefer is not None and prefer.loop is None and not prefer.busy:
+        reader = lane.reader
+        if isinstance(reader, Waiter) and reader.busy and reader is not prefer:
+            lane.reader = None
+        elif reader is not None:
+            return
+        if prefer is not None and prefer.loop is None and (not prefer.busy or prefer.thread == threading.get_ident()):
             lane.reader = prefer
             prefer.event.set()
         else:
             lane.reader = READER_THREAD
             lane.cond.notify()
 
-    def _release_reader(self, lane: Lane, me: object, out: Out) -> None:
+    def _release_reader(self, lane: Lane, me: object, out: Out, but: Run | None = None) -> None:
         """``me`` stops reading the lane: the lane's thread goes on if anything needs it."""
         if lane.reader is not me:
             return
         lane.reader = None
         if lane.dead:
             out.append(lane.worker.kill)  # (the reader closes the pipes it polled)
-        elif self._need_reader(lane):
+        elif self._need_reader(lane, but):
             lane.reader = READER_THREAD
             lane.cond.notify()
 
@@ -302,6 +335,9 @@ class Supervisor:
 
     def drop(self, run: Run) -> None:
         """Frees a run's runtime wherever it is (cancel, expiry, snapshot limit, a caller gone)."""
+        if run.phase is Phase.ENDED and run.waiter is None:
+            run.aborted = True  # ended is final: nothing else can hold it (most runs end here)
+            return
         out: Out = []
         with self._lock:
             run.aborted = True
@@ -324,35 +360,49 @@ class Supervisor:
 
     # ---- waiting -----------------------------------------------------------------------------
     def _wait_sync(self, run: Run, waiter: Waiter) -> Step:
+        """The calling thread waits for the run's step: it runs the run's sync tools, reads the
+        run's worker itself while no one else does (for every run there), or sleeps until it is
+        woken or its deadline comes. (A wake-up that comes while it is busy is kept: its next
+        sleep returns at once and it looks again; so does a stale one.)"""
+        held: Lane | None = None  # where this thread is the reader
         while True:
-            waiter.event.clear()
             out: Out = []
+            poll = sleep = None
             with self._lock:
+                waiter.polling = None
                 work, waiter.work = waiter.work, []
                 waiter.busy = bool(work)
                 lane = run.lane
-                reading = False
-                timeout: float | None = None
-                if work:
-                    if lane is not None:
-                        self._release_reader(lane, waiter, out)  # no worker waits on its tools
-                elif waiter.step is not None:
-                    return waiter.step
-                elif lane is not None and not lane.dead and lane.reader in (None, waiter):
-                    reading = lane.reader is waiter or self._need_reader(lane)
-                    if reading:
-                        lane.reader = waiter
-                if not work and not reading:
-                    timeout = self._budget(run, waiter, out)
+                if held is not None and held.reader is not waiter:
+                    held = None  # taken over while this thread ran tools
+                if held is None and lane is not None and lane.reader is waiter:
+                    held = lane  # handed to it (`_ensure_reader`)
+                if held is not None and (work or waiter.step is not None or held is not lane or held.dead):
+                    # (its own tools are the run's: no one needs to read for it meanwhile)
+                    self._release_reader(held, waiter, out, run if work else None)
+                    held = None
+                done = waiter.step if not work else None
+                if work or done is not None:
+                    pass
+                elif held is None and lane is not None and not lane.dead and lane.reader is None:
+                    if self._need_reader(lane):
+                        held, lane.reader = lane, waiter
+                if not work and done is None:
+                    sleep = self._budget(run, waiter, out)
+                    if held is not None and sleep is not None:
+                        poll, sleep = min(self._poll_timeout(held), sleep), None
+                        waiter.polling = held
             _run_all(out)
+            if done is not None:
+                return done
             if work:
                 for fn in work:
                     fn()
-            elif reading:
-                assert lane is not None
-                self._read_as(lane, waiter, run)
-            elif timeout is not None:
-                waiter.event.wait(timeout)
+            elif poll is not None:
+                assert held is not None
+                self._pump(held, poll)
+            elif sleep is not None:
+                waiter.event.wait(sleep)
 
     async def _wait_async(self, run: Run, waiter: Waiter) -> Step:
         loop = waiter.loop
@@ -412,30 +462,6 @@ class Supervisor:
             return max(READ_TICK_S, lane.inflight.kill_at - now)
         # Queued: the time in the queue is not charged (`_frame_for`), so look again later.
         return max(READ_TICK_S, step.deadline - run.queued_at)
-
-    def _read_as(self, lane: Lane, waiter: Waiter, run: Run) -> None:
-        """The caller reads its run's worker (for every run on it) until its step ends, it has
-        sync tools to run, or its deadline comes."""
-        while True:
-            out: Out = []
-            with self._lock:
-                if lane.reader is not waiter:
-                    return
-                if lane.dead or waiter.step is not None or waiter.work or run.lane is not lane:
-                    self._release_reader(lane, waiter, out)
-                    timeout = None
-                else:
-                    timeout = self._poll_timeout(lane)
-                    budget = self._budget(run, waiter, out)
-                    if budget is None:
-                        self._release_reader(lane, waiter, out)
-                        timeout = None
-                    else:
-                        timeout = min(timeout, budget)
-            _run_all(out)
-            if timeout is None:
-                return
-            self._pump(lane, timeout)
 
     def _reader_thread(self, lane: Lane) -> None:
         while True:
@@ -641,12 +667,28 @@ class Supervisor:
                 return
             waiter = run.waiter
             if waiter is not None and waiter.loop is None:
-                waiter.work.append(inline)
-                waiter.event.set()
-                return
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(SYNC_TOOL_THREADS, "codemode-sync-tools")
-            pool = self._pool
+                if waiter.thread != threading.get_ident():
+                    waiter.work.append(inline)
+                    waiter.event.set()
+                    return
+                # Its own thread (reading its worker): the tools run here and now. Busy, it
+                # reads nothing meanwhile: whoever needs the worker read takes that over.
+                waiter.busy = True
+                lane = run.lane
+                if lane is not None and lane.reader is waiter and self._need_reader(lane, run):
+                    lane.reader = READER_THREAD
+                    lane.cond.notify()
+            else:
+                if self._pool is None:
+                    self._pool = concurrent.futures.ThreadPoolExecutor(SYNC_TOOL_THREADS, "codemode-sync-tools")
+                pool = self._pool
+                waiter = None
+        if waiter is not None:
+            try:
+                inline()
+            finally:
+                waiter.busy = False
+            return
         try:
             pool.submit(inline)
         except RuntimeError:
@@ -677,11 +719,9 @@ class Supervisor:
         self._ensure_reader(lane, prefer if prefer is not None else run.waiter)
 
     def _kick(self, lane: Lane, out: Out) -> None:
-        """Under the lock: if the worker is free, the next queued frame goes to it (or, if it
-        died while idle, its runs go on elsewhere)."""
-        if lane.inflight is None and lane.queue and not lane.dead and not lane.worker.alive():
-            self._lane_died(lane, lane.worker.crashed(f"worker {lane.pid} exited"), out)
-            return
+        """Under the lock: if the worker is free, the next queued frame goes to it. (A worker
+        that died while idle is found by its reader when the frame gets no answer: its run,
+        the culprit, goes on elsewhere, see `_blame`.)"""
         while lane.inflight is None and lane.queue and not lane.dead:
             run = lane.queue.popleft()
             if run.aborted or run.phase is not Phase.QUEUED:
@@ -808,11 +848,7 @@ class Supervisor:
         lane.dead = True
         lane.worker.signal_kill()
         self.killed += 1
-        lane.cond.notify_all()
-        if lane.reader is None:
-            out.append(lane.worker.kill)
-        elif isinstance(lane.reader, Waiter):
-            lane.reader.event.set()
+        self._close_when_free(lane, out, lane.worker.kill)
         self._lanes.remove(lane)
         if not self._closed:
             self._spawn_locked()
@@ -869,10 +905,19 @@ class Supervisor:
         """Under the lock: a retiring worker that holds nothing more is shut down."""
         if lane.retiring and not lane.residents and lane.inflight is None and not lane.queue and not lane.dead:
             lane.dead = True
-            lane.cond.notify_all()
             self._lanes.remove(lane)
-            if lane.reader is None:
-                out.append(lane.worker.shutdown)
+            self._close_when_free(lane, out, lane.worker.shutdown)
+
+    def _close_when_free(self, lane: Lane, out: Out, close: Callable[[], object]) -> None:
+        """Under the lock, for a dead lane: its pipes are closed (``close``) now if no one polls
+        them, else by the one who does, once it looks (`_release_reader`): an fd is never
+        closed, and its number reused, under a poll."""
+        lane.cond.notify_all()
+        reader = lane.reader
+        if reader is READER_THREAD or (isinstance(reader, Waiter) and reader.polling is lane):
+            return
+        lane.reader = None
+        out.append(close)
 
     # ---- lifetime ----------------------------------------------------------------------------
     def close(self) -> None:
@@ -885,16 +930,11 @@ class Supervisor:
             closed = _failed("runtime_unavailable", "ClosedError", "this CodeMode is closed")
             for lane in lanes:
                 lane.dead = True
-                lane.cond.notify_all()
                 for run in list(lane.residents):
                     self._forget(run)
                     self._end(run, "failed", out, failure=closed)
-                if lane.reader is None:
-                    out.append(functools.partial(lane.worker.shutdown, 0.2))
-                else:
-                    lane.worker.signal_kill()
-                    if isinstance(lane.reader, Waiter):
-                        lane.reader.event.set()
+                lane.worker.signal_kill()  # (its poller, if any, wakes at the pipe's end)
+                self._close_when_free(lane, out, lane.worker.kill)
             pool, self._pool = self._pool, None
         _run_all(out)
         if pool is not None:

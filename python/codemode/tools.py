@@ -401,7 +401,9 @@ class Dispatcher:
         #: Namespace calls arrive under a marker id; this maps their call ids to the real tool.
         self.resolved: dict[int, str] = {}
         self._ready: list[Result] = []
-        self._lock = threading.Condition()
+        self._lock = threading.Lock()
+        #: Set when results land, while `wait_ready` waits (host-side calls only).
+        self._landed: threading.Event | None = None
         #: In-flight async calls: what cancels them (None until they are started).
         self._futures: dict[int, Callable[[], object] | None] = {}
         #: Told (with no arguments, outside the lock) after results land.
@@ -647,8 +649,9 @@ class Dispatcher:
             return
         with self._lock:
             self._ready.extend(results)
-            self._lock.notify_all()
-            listener = self.listener
+            landed, listener = self._landed, self.listener
+        if landed is not None:
+            landed.set()
         if listener is not None:
             listener()
 
@@ -670,14 +673,17 @@ class Dispatcher:
     def wait_ready(self, deadline: float) -> list[Result]:
         """The results ready now or, if none, the first to finish before ``deadline``
         (``time.monotonic``); empty if nothing is running or the deadline passes."""
-        with self._lock:
-            while not self._ready and self._futures:
-                timeout = deadline - time.monotonic()
-                if timeout <= 0:
-                    break
-                self._lock.wait(timeout)
-            ready, self._ready = self._ready, []
-        return ready
+        landed = self._landed = threading.Event()
+        while True:
+            with self._lock:
+                if self._ready or not self._futures:
+                    ready, self._ready = self._ready, []
+                    return ready
+            timeout = deadline - time.monotonic()
+            if timeout <= 0:
+                return []
+            landed.wait(timeout)
+            landed.clear()
 
     def pending(self) -> int:
         with self._lock:
@@ -686,7 +692,9 @@ class Dispatcher:
     def cancel(self) -> None:
         with self._lock:
             futures, self._futures = list(self._futures.values()), {}
-            self._lock.notify_all()
+            landed = self._landed
+        if landed is not None:
+            landed.set()
         for cancel in futures:
             if cancel is not None:
                 try:
