@@ -51,6 +51,7 @@ from typing import Any
 from . import protocol
 from ._engine import YIELD_TOOL
 from .errors import ClosedError, ProtocolError, WorkerCrashed
+from .hotloop import HotLoop, watch
 from .protocol import Configure, Drop, Fault, Ready, Replay, Report, Settle, Start, decode_guest_json
 from .runs import JournalCall, Phase, Run, Step, input_hash
 from .workers import READER_THREAD, WORKER_ADDRESS_SLACK, Inflight, Lane, WorkerProcess
@@ -148,6 +149,26 @@ class Waiter:
     def _resolve(self) -> None:
         if self.future is not None and not self.future.done():
             self.future.set_result(None)
+
+
+class LoopReader:
+    """A lane's reader that is one of codemode's event loops (the MCP client's, the tools').
+
+    While a caller's run is parked on calls that all run on that loop (``MCP.*`` calls, say),
+    and nothing else needs the worker read, the loop's thread reads the worker's reports itself
+    (``add_reader``) and starts the calls they make on itself. A call then costs the wake-ups a
+    direct call does (worker -> loop -> server -> loop -> worker), not one more for the caller's
+    thread, and the loop polls briefly before it sleeps (`hotloop`). It reads for every run on
+    the lane, like the lane's thread, until nothing needs reading; only it closes the pipes of
+    its lane if the worker dies meanwhile (it is the one polling them)."""
+
+    __slots__ = ("lane", "loop", "timer", "watching")
+
+    def __init__(self, lane: Lane, loop: asyncio.AbstractEventLoop) -> None:
+        self.lane = lane
+        self.loop = loop
+        self.timer: asyncio.TimerHandle | None = None
+        self.watching = False
 
 
 def _send_drop(lane: Lane, run: Run, out: Out) -> None:
@@ -658,41 +679,118 @@ class Supervisor:
         """Starts a run's calls (outside the lock); its sync tools go to the thread waiting for
         the run, or to the pool. ``counted``: in ``run.starting``, which this ends."""
         inline = run.dispatcher.submit(calls)
+        out: Out = []
+        here: Waiter | None = None  # this thread, waiting for the run: it runs them now
+        pool = None
         with self._lock:
             if counted:
                 run.starting -= 1
-            if inline is None:
-                if counted and run.waiter is not None:
-                    run.waiter.poke()  # (it may have slept through its deadline meanwhile)
-                return
             waiter = run.waiter
-            if waiter is not None and waiter.loop is None:
-                if waiter.thread != threading.get_ident():
-                    waiter.work.append(inline)
-                    waiter.event.set()
-                    return
-                # Its own thread (reading its worker): the tools run here and now. Busy, it
-                # reads nothing meanwhile: whoever needs the worker read takes that over.
-                waiter.busy = True
+            if inline is None:
+                if counted and waiter is not None:
+                    waiter.poke()  # (it may have slept through its deadline meanwhile)
+                self._hand_to_loop(run, out)
+            elif waiter is not None and waiter.loop is None and waiter.thread != threading.get_ident():
+                waiter.work.append(inline)
+                waiter.event.set()
+                return
+            elif waiter is not None and waiter.loop is None:
+                # Busy, it reads nothing meanwhile: whoever needs the worker read takes over.
+                here = waiter
+                here.busy = True
                 lane = run.lane
-                if lane is not None and lane.reader is waiter and self._need_reader(lane, run):
+                if lane is not None and lane.reader is here and self._need_reader(lane, run):
                     lane.reader = READER_THREAD
                     lane.cond.notify()
             else:
                 if self._pool is None:
                     self._pool = concurrent.futures.ThreadPoolExecutor(SYNC_TOOL_THREADS, "codemode-sync-tools")
                 pool = self._pool
-                waiter = None
-        if waiter is not None:
+        _run_all(out)
+        if inline is None:
+            return
+        if here is not None:
             try:
                 inline()
             finally:
-                waiter.busy = False
+                here.busy = False
+        elif pool is not None:
+            try:
+                pool.submit(inline)
+            except RuntimeError:
+                pass  # closed: the run has gone with it
+
+    # ---- a loop as reader --------------------------------------------------------------------
+    def _hand_to_loop(self, run: Run, out: Out) -> None:
+        """Under the lock, on the thread of a caller that reads its run's worker: if the run is
+        parked on calls that all run on one of codemode's loops and nothing else needs the
+        worker, that loop reads it from now on (see `LoopReader`)."""
+        waiter, lane = run.waiter, run.lane
+        if waiter is None or waiter.loop is not None or lane is None or lane.dead or lane.reader is not waiter:
             return
+        if run.phase is not Phase.PARKED or self._need_reader(lane, run):
+            return
+        loop = run.dispatcher.loop()
+        if not isinstance(loop, HotLoop):
+            return  # a caller's own loop may stop at any time; codemode's stop with it
+        reader = LoopReader(lane, loop)
+        lane.reader = reader
+        out.append(functools.partial(self._loop_start, reader))
+
+    def _loop_start(self, reader: LoopReader) -> None:
         try:
-            pool.submit(inline)
-        except RuntimeError:
-            pass  # closed: the run has gone with it
+            reader.loop.call_soon_threadsafe(self._loop_attach, reader)
+        except RuntimeError:  # closed: the lane's thread reads instead
+            with self._lock:
+                lane = reader.lane
+                if lane.reader is reader:
+                    lane.reader = None
+                    self._ensure_reader(lane)
+
+    def _loop_attach(self, reader: LoopReader) -> None:
+        """On the loop's thread."""
+        with self._lock:
+            lane = reader.lane
+            if lane.reader is reader and not lane.dead:
+                reader.loop.add_reader(lane.worker.rfd, self._loop_look, reader)
+                reader.watching = True
+                watch(reader.loop, 1)
+        self._loop_after(reader)
+
+    def _loop_look(self, reader: LoopReader) -> None:
+        """On the loop's thread: the worker wrote (or a frame's kill time came)."""
+        with self._lock:
+            mine = reader.lane.reader is reader and not reader.lane.dead
+        if mine:
+            self._pump(reader.lane, 0.0)
+        self._loop_after(reader)
+
+    def _loop_after(self, reader: LoopReader) -> None:
+        """On the loop's thread: goes on reading while anything needs it (with a timer for the
+        kill time of a frame in flight), else stops, closing the pipes of a worker that died."""
+        out: Out = []
+        delay: float | None = None
+        with self._lock:
+            lane = reader.lane
+            if lane.reader is reader and not lane.dead and self._need_reader(lane):
+                delay = self._poll_timeout(lane)
+            elif lane.reader is reader:
+                lane.reader = None
+                if lane.dead:
+                    out.append(lane.worker.kill)
+                else:
+                    self._ensure_reader(lane)
+        if reader.timer is not None:
+            reader.timer.cancel()
+            reader.timer = None
+        if delay is not None:
+            reader.timer = reader.loop.call_later(delay, self._loop_look, reader)
+            return
+        if reader.watching:
+            reader.watching = False
+            reader.loop.remove_reader(lane.worker.rfd)  # (before its fd can be closed)
+            watch(reader.loop, -1)
+        _run_all(out)
 
     # ---- sending -----------------------------------------------------------------------------
     def _enqueue(self, run: Run, kind: str, out: Out, prefer: Waiter | None = None) -> None:
@@ -914,7 +1012,9 @@ class Supervisor:
         closed, and its number reused, under a poll."""
         lane.cond.notify_all()
         reader = lane.reader
-        if reader is READER_THREAD or (isinstance(reader, Waiter) and reader.polling is lane):
+        if reader is READER_THREAD or isinstance(reader, LoopReader):
+            return
+        if isinstance(reader, Waiter) and reader.polling is lane:
             return
         lane.reader = None
         out.append(close)
@@ -935,10 +1035,23 @@ class Supervisor:
                     self._end(run, "failed", out, failure=closed)
                 lane.worker.signal_kill()  # (its poller, if any, wakes at the pipe's end)
                 self._close_when_free(lane, out, lane.worker.kill)
+                if isinstance(lane.reader, LoopReader):
+                    out.append(functools.partial(self._loop_stop, lane.reader))
             pool, self._pool = self._pool, None
         _run_all(out)
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+
+    def _loop_stop(self, reader: LoopReader) -> None:
+        """At close: the loop reader stops on its loop (which runs it before it stops); a loop
+        closed already has nothing watching the pipes, which are closed here."""
+        try:
+            reader.loop.call_soon_threadsafe(self._loop_after, reader)
+        except RuntimeError:
+            with self._lock:
+                if reader.lane.reader is reader:
+                    reader.lane.reader = None
+            reader.lane.worker.kill()
 
     @property
     def size(self) -> int:

@@ -406,6 +406,8 @@ class Dispatcher:
         self._landed: threading.Event | None = None
         #: In-flight async calls: what cancels them (None until they are started).
         self._futures: dict[int, Callable[[], object] | None] = {}
+        #: The loop each in-flight async call runs on.
+        self._loops: dict[int, asyncio.AbstractEventLoop] = {}
         #: Told (with no arguments, outside the lock) after results land.
         self.listener: Callable[[], object] | None = None
 
@@ -625,9 +627,11 @@ class Dispatcher:
             task = target.create_task(guarded())
             with self._lock:
                 self._futures[call_id] = functools.partial(target.call_soon_threadsafe, task.cancel)
+                self._loops[call_id] = target
             return
         with self._lock:
             self._futures[call_id] = None  # it may finish before run_coroutine_threadsafe returns
+            self._loops[call_id] = target
         future = asyncio.run_coroutine_threadsafe(guarded(), target)
         with self._lock:
             if call_id in self._futures:
@@ -641,6 +645,7 @@ class Dispatcher:
             if call_id not in self._futures:
                 return  # cancelled
             del self._futures[call_id]
+            self._loops.pop(call_id, None)
         self.add_ready([result])
 
     def add_ready(self, results: list[Result]) -> None:
@@ -689,9 +694,18 @@ class Dispatcher:
         with self._lock:
             return len(self._futures)
 
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The one event loop every in-flight call runs on (with none ready); else None."""
+        with self._lock:
+            if self._ready:
+                return None
+            loops = set(self._loops.values())
+        return loops.pop() if len(loops) == 1 else None
+
     def cancel(self) -> None:
         with self._lock:
             futures, self._futures = list(self._futures.values()), {}
+            self._loops.clear()
             landed = self._landed
         if landed is not None:
             landed.set()

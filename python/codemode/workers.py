@@ -136,8 +136,8 @@ class WorkerProcess:
         """The error for a worker that is gone (reaped here), with its exit code or signal."""
         code = self.proc.poll()
         if code is None:
-            self.kill()
-            code = self.proc.returncode
+            self.signal_kill()  # (its pipes stay open: whoever polls them closes them)
+            code = self.proc.wait()
         sig = -code if code is not None and code < 0 else None
         exit_code = code if code is not None and code >= 0 else None
         if sig is not None and not timed_out:
@@ -188,7 +188,8 @@ class Inflight(NamedTuple):
     kill_at: float
 
 
-#: The reader that is a lane's own thread (any other reader is a waiting caller's `Waiter`).
+#: The reader that is a lane's own thread (any other is a waiting caller's `Waiter`, or an event
+#: loop's thread: `supervisor.LoopReader`).
 READER_THREAD = "thread"
 
 
@@ -224,7 +225,7 @@ class Lane:
         self.attached: set[Run] = set()
         #: QuickJS memory of the residents together, as last reported.
         self.memory = 0
-        #: Who reads the pipe: None, `READER_THREAD`, or a waiting caller's `Waiter`.
+        #: Who reads the pipe: None, `READER_THREAD`, a waiting caller's `Waiter`, or a `LoopReader`.
         self.reader: object = None
         #: The caller reading is away running its sync tools: others take over if they need to.
         self.reader_busy = False
