@@ -16,3 +16,11 @@ def test_readme_usage_example_runs_as_written():
     namespace: dict[str, object] = {}
     exec(compile(example.group(1), "README.md", "exec"), namespace)
     assert namespace["result"]["status"] == "completed"  # type: ignore[index]
+
+
+def test_readme_concurrency_example_runs_as_written():
+    text = README.read_text()
+    section = text[text.index("### Concurrency") :]
+    example = re.search(r"```python\n(.*?)```", section, re.S)
+    assert example is not None, "the README lost its concurrency example"
+    exec(compile(example.group(1), "README.md", "exec"), {})

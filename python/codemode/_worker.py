@@ -170,7 +170,7 @@ def main() -> None:
         elif isinstance(frame, Settle):
             # A run that parked has ended. The host may be finishing it on a thread that a
             # rebuild started now would keep off a CPU for its whole ~0.5 ms (measured: an exec
-            # whose last MCP result was relayed returned 0.4 ms later).
+            # whose last MCP result was read by its loop returned 0.4 ms later).
             grace = ENDED_GRACE_S
         else:
             grace = 0.0

@@ -589,7 +589,7 @@ class McpServers:
             started.set()
             await self._loop_done.wait()
 
-        # A HotLoop: the relay answers workers from it (see `hotloop`). Like asyncio.run (whose
+        # A HotLoop: a loop reader answers workers from it (see `hotloop`). Like asyncio.run (whose
         # loop_factory, asyncio.Runner, is 3.11+), cancel whatever is left, then close it.
         loop = HotLoop()
         try:

@@ -43,6 +43,7 @@ import concurrent.futures
 import functools
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -95,6 +96,14 @@ def _run_all(out: Out) -> None:
             _log.exception("code mode supervisor: an action failed")
 
 
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    """This thread is running ``loop``."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
 class Signal:
     """A wake-up for one waiting thread: ``set`` from anywhere, ``wait`` consumes it (a lock
     used as a one-slot semaphore: no Python-level condition on an exec's latency path)."""
@@ -141,6 +150,9 @@ class Waiter:
         if self.loop is None:
             self.event.set()
             return
+        if _on_loop(self.loop):
+            self._resolve()
+            return
         try:
             self.loop.call_soon_threadsafe(self._resolve)
         except RuntimeError:
@@ -152,23 +164,37 @@ class Waiter:
 
 
 class LoopReader:
-    """A lane's reader that is one of codemode's event loops (the MCP client's, the tools').
+    """A lane's reader that is an event loop's thread (``add_reader`` on a dup of the pipe).
 
-    While a caller's run is parked on calls that all run on that loop (``MCP.*`` calls, say),
-    and nothing else needs the worker read, the loop's thread reads the worker's reports itself
-    (``add_reader``) and starts the calls they make on itself. A call then costs the wake-ups a
-    direct call does (worker -> loop -> server -> loop -> worker), not one more for the caller's
-    thread, and the loop polls briefly before it sleeps (`hotloop`). It reads for every run on
-    the lane, like the lane's thread, until nothing needs reading; only it closes the pipes of
-    its lane if the worker dies meanwhile (it is the one polling them)."""
+    Two cases: a caller's run parked on calls that all run on one of codemode's loops (``MCP.*``
+    calls, say), nothing else on the lane to read for: that loop reads the worker's reports and
+    starts the calls they make on itself, so a call costs the wake-ups a direct call does
+    (worker -> loop -> server -> loop -> worker), not one more for the caller's thread, and the
+    loop polls briefly before it sleeps (`hotloop`). And ``exec_async`` runs on the lane's
+    thread whose calls all run on their caller's loop: that loop reads instead, so their
+    reports, tool starts, results and wake-ups never cross a thread.
 
-    __slots__ = ("lane", "loop", "timer", "watching")
+    It reads for every run on the lane while anything needs reading. Someone else who needs the
+    lane read (another caller) takes it over: at once if the loop is not reading right now, else
+    the loop hands it over after its current look (``leave``): never two readers at once. It
+    polls a dup of the pipe, which only its loop closes; the pipe itself it reads only while
+    ``pumping`` (and closes, if the worker died meanwhile)."""
 
-    def __init__(self, lane: Lane, loop: asyncio.AbstractEventLoop) -> None:
+    __slots__ = ("fd", "keeper", "lane", "leave", "loop", "pumping", "timer")
+
+    def __init__(self, lane: Lane, loop: asyncio.AbstractEventLoop, keeper: Waiter | None) -> None:
         self.lane = lane
         self.loop = loop
+        #: The caller whose run handed it the lane (its own wake-ups keep it reading).
+        self.keeper = keeper
+        self.fd = -1
         self.timer: asyncio.TimerHandle | None = None
-        self.watching = False
+        self.pumping = False
+        self.leave = False
+
+    def keeps(self, prefer: Waiter | None) -> bool:
+        """Whether it goes on reading when ``prefer`` (None: anyone) needs the lane read."""
+        return prefer is None or prefer is self.keeper or prefer.loop is self.loop
 
 
 def _send_drop(lane: Lane, run: Run, out: Out) -> None:
@@ -257,7 +283,13 @@ class Supervisor:
         if lane.dead or not self._need_reader(lane):
             return
         reader = lane.reader
-        if isinstance(reader, Waiter) and reader.busy and reader is not prefer:
+        if isinstance(reader, LoopReader) and not reader.keeps(prefer):
+            if reader.pumping:
+                reader.leave = True  # it hands over after this look
+                return
+            reader.leave = True  # not reading now: taken over at once (it stops at its next look)
+            lane.reader = None
+        elif isinstance(reader, Waiter) and reader.busy and reader is not prefer:
             lane.reader = None
         elif reader is not None:
             return
@@ -444,7 +476,7 @@ class Supervisor:
 
         def poke() -> None:
             try:
-                loop.call_soon_threadsafe(check)
+                (loop.call_soon if _on_loop(loop) else loop.call_soon_threadsafe)(check)
             except RuntimeError:
                 pass  # the loop is closed
 
@@ -722,18 +754,31 @@ class Supervisor:
 
     # ---- a loop as reader --------------------------------------------------------------------
     def _hand_to_loop(self, run: Run, out: Out) -> None:
-        """Under the lock, on the thread of a caller that reads its run's worker: if the run is
-        parked on calls that all run on one of codemode's loops and nothing else needs the
-        worker, that loop reads it from now on (see `LoopReader`)."""
-        waiter, lane = run.waiter, run.lane
-        if waiter is None or waiter.loop is not None or lane is None or lane.dead or lane.reader is not waiter:
-            return
-        if run.phase is not Phase.PARKED or self._need_reader(lane, run):
+        """Under the lock, on the thread that reads the run's worker, once the run's calls have
+        started: the loop they all run on reads the worker from now on, if it may (see
+        `LoopReader`)."""
+        waiter: Waiter | None = run.waiter
+        lane = run.lane
+        if waiter is None or lane is None or lane.dead or run.phase is not Phase.PARKED:
             return
         loop = run.dispatcher.loop()
-        if not isinstance(loop, HotLoop):
-            return  # a caller's own loop may stop at any time; codemode's stop with it
-        reader = LoopReader(lane, loop)
+        if loop is None:
+            return
+        if waiter.loop is None:
+            # A caller reading its own worker, alone on it; only codemode's loops (a caller's
+            # own loop may stop at any time, while this caller waits on another thread).
+            if lane.reader is not waiter or waiter.thread != threading.get_ident():
+                return
+            if not isinstance(loop, HotLoop) or self._need_reader(lane, run):
+                return
+            keeper: Waiter | None = waiter
+        else:
+            if loop is not waiter.loop or lane.reader is not READER_THREAD:
+                return
+            if threading.current_thread() is not lane.thread:
+                return  # (only the lane's thread may hand over its own reading, between looks)
+            keeper = None
+        reader = LoopReader(lane, loop, keeper)
         lane.reader = reader
         out.append(functools.partial(self._loop_start, reader))
 
@@ -751,28 +796,32 @@ class Supervisor:
         """On the loop's thread."""
         with self._lock:
             lane = reader.lane
-            if lane.reader is reader and not lane.dead:
-                reader.loop.add_reader(lane.worker.rfd, self._loop_look, reader)
-                reader.watching = True
-                watch(reader.loop, 1)
+            if lane.reader is reader and not lane.dead and not reader.leave:
+                reader.fd = os.dup(lane.worker.rfd)  # (open: no one closes it while it is ours)
+        if reader.fd >= 0:
+            reader.loop.add_reader(reader.fd, self._loop_look, reader)
+            watch(reader.loop, 1)
         self._loop_after(reader)
 
     def _loop_look(self, reader: LoopReader) -> None:
         """On the loop's thread: the worker wrote (or a frame's kill time came)."""
         with self._lock:
-            mine = reader.lane.reader is reader and not reader.lane.dead
-        if mine:
-            self._pump(reader.lane, 0.0)
+            lane = reader.lane
+            reader.pumping = lane.reader is reader and not lane.dead and not reader.leave
+        if reader.pumping:
+            self._pump(lane, 0.0)
         self._loop_after(reader)
 
     def _loop_after(self, reader: LoopReader) -> None:
         """On the loop's thread: goes on reading while anything needs it (with a timer for the
-        kill time of a frame in flight), else stops, closing the pipes of a worker that died."""
+        kill time of a frame in flight), else stops: hands the lane over, or closes the pipes
+        of a worker that died."""
         out: Out = []
         delay: float | None = None
         with self._lock:
+            reader.pumping = False
             lane = reader.lane
-            if lane.reader is reader and not lane.dead and self._need_reader(lane):
+            if lane.reader is reader and not lane.dead and not reader.leave and self._need_reader(lane):
                 delay = self._poll_timeout(lane)
             elif lane.reader is reader:
                 lane.reader = None
@@ -785,10 +834,10 @@ class Supervisor:
             reader.timer = None
         if delay is not None:
             reader.timer = reader.loop.call_later(delay, self._loop_look, reader)
-            return
-        if reader.watching:
-            reader.watching = False
-            reader.loop.remove_reader(lane.worker.rfd)  # (before its fd can be closed)
+        elif reader.fd >= 0:
+            reader.loop.remove_reader(reader.fd)
+            os.close(reader.fd)
+            reader.fd = -1
             watch(reader.loop, -1)
         _run_all(out)
 
@@ -1012,7 +1061,7 @@ class Supervisor:
         closed, and its number reused, under a poll."""
         lane.cond.notify_all()
         reader = lane.reader
-        if reader is READER_THREAD or isinstance(reader, LoopReader):
+        if reader is READER_THREAD or (isinstance(reader, LoopReader) and reader.pumping):
             return
         if isinstance(reader, Waiter) and reader.polling is lane:
             return
@@ -1034,24 +1083,24 @@ class Supervisor:
                     self._forget(run)
                     self._end(run, "failed", out, failure=closed)
                 lane.worker.signal_kill()  # (its poller, if any, wakes at the pipe's end)
+                reader = lane.reader
                 self._close_when_free(lane, out, lane.worker.kill)
-                if isinstance(lane.reader, LoopReader):
-                    out.append(functools.partial(self._loop_stop, lane.reader))
+                if isinstance(reader, LoopReader):
+                    out.append(functools.partial(self._loop_stop, reader))
             pool, self._pool = self._pool, None
         _run_all(out)
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
 
     def _loop_stop(self, reader: LoopReader) -> None:
-        """At close: the loop reader stops on its loop (which runs it before it stops); a loop
-        closed already has nothing watching the pipes, which are closed here."""
+        """At close: the loop reader stops on its loop (which runs it before it stops); on a
+        loop closed already (its selector with it), its dup is closed here."""
         try:
             reader.loop.call_soon_threadsafe(self._loop_after, reader)
         except RuntimeError:
-            with self._lock:
-                if reader.lane.reader is reader:
-                    reader.lane.reader = None
-            reader.lane.worker.kill()
+            if reader.fd >= 0:
+                os.close(reader.fd)
+                reader.fd = -1
 
     @property
     def size(self) -> int:

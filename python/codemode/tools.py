@@ -286,7 +286,7 @@ class BackgroundLoop:
     def get(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:
-                loop = HotLoop()  # the relay answers workers from it (see `hotloop`)
+                loop = HotLoop()  # a loop reader answers workers from it (see `hotloop`)
                 thread = threading.Thread(target=loop.run_forever, name="codemode-tools", daemon=True)
                 thread.start()
                 self._loop, self._thread = loop, thread
