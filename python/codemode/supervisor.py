@@ -71,6 +71,10 @@ SPAWN_TIMEOUT_S = 10.0
 RUNS_PER_WORKER = 50_000
 #: The longest a reader sleeps between looks at its worker's kill deadline.
 READ_TICK_S = 0.05
+#: Frames written to a busy worker behind the one it executes, at most, and the largest such a
+#: frame may be (a pipe holds 64 KiB: no write to a worker that is busy ever blocks).
+PIPELINE_DEPTH = 4
+PIPELINE_FRAME_BYTES = 8 << 10
 #: Threads that run the sync tools of ``exec_async`` runs (whose callers have no thread to
 #: lend): at most this many sync tools run at once for them; more wait their turn.
 SYNC_TOOL_THREADS = 8
@@ -241,8 +245,7 @@ class Supervisor:
             self._spawn_error = f"could not start a worker process: {e}"
             return None
         self.spawned += 1
-        lane = Lane(self.spawned, worker, self._lock, time.monotonic())
-        lane.inflight = Inflight(None, "ready", time.monotonic(), time.monotonic() + SPAWN_TIMEOUT_S)
+        lane = Lane(self.spawned, worker, self._lock, time.monotonic() + SPAWN_TIMEOUT_S)
         self._lanes.append(lane)
         lane.thread = threading.Thread(target=self._reader_thread, args=(lane,), name="codemode-reader", daemon=True)
         lane.thread.start()
@@ -587,7 +590,7 @@ class Supervisor:
         if isinstance(frame, Ready):
             if inflight is None or inflight.kind != "ready":
                 raise ProtocolError(f"worker {lane.pid} introduced itself twice")
-            lane.inflight = None
+            self._next_in_pipeline(lane)
             self._kick(lane, out)
             return
         if isinstance(frame, Fault) and frame.run == 0:
@@ -599,7 +602,7 @@ class Supervisor:
             if len(frame.calls) > run.journal.limits.max_pending_calls:
                 # An engine never has more calls in flight: this worker is not one of ours.
                 raise ProtocolError(f"worker {lane.pid} reported more calls than maxPendingToolCalls")
-        lane.inflight = None
+        self._next_in_pipeline(lane)
         if isinstance(frame, Fault):
             self._forget(run)
             message = f"code mode runtime is unavailable: {frame.message}"
@@ -869,13 +872,26 @@ class Supervisor:
         """Under the lock: if the worker is free, the next queued frame goes to it. (A worker
         that died while idle is found by its reader when the frame gets no answer: its run,
         the culprit, goes on elsewhere, see `_blame`.)"""
-        while lane.inflight is None and lane.queue and not lane.dead:
+        while lane.queue and not lane.dead and self._may_write(lane, lane.queue[0]):
             run = lane.queue.popleft()
             if run.aborted or run.phase is not Phase.QUEUED:
                 continue
             frames = self._frame_for(lane, run, out)
-            if frames is not None and lane.inflight is not None:
-                out.append(functools.partial(lane.worker.send, frames, lane.inflight.kill_at))
+            if frames is not None:
+                lane.outbox.append((frames, lane.pipeline[-1].kill_at))
+                if not lane.writing:
+                    lane.writing = True
+                    out.append(functools.partial(self._flush, lane))
+
+    def _flush(self, lane: Lane) -> None:
+        """Writes the lane's outbox in order (outside the lock; one writer at a time)."""
+        while True:
+            with self._lock:
+                if not lane.outbox:
+                    lane.writing = False
+                    return
+                frames, deadline = lane.outbox.popleft()
+            lane.worker.send(frames, deadline)
 
     def _frame_for(self, lane: Lane, run: Run, out: Out) -> list[Any] | None:
         """Under the lock: the frame(s) for a run's turn on its worker, which is now busy with
@@ -938,9 +954,34 @@ class Supervisor:
             step.deadline += waited
             # The replay has the budget the engine gives it (a timeout per step).
             kill_at = now + (len(journal.batches) + 1) * run.timeout_ms / 1000.0 + KILL_GRACE_S
-        lane.inflight = Inflight(run, kind, now, kill_at)
+        lane.pipeline.append(Inflight(run, kind, now, kill_at))
         run.phase = Phase.RUNNING
         return frames
+
+    def _may_write(self, lane: Lane, run: Run) -> bool:
+        """Under the lock: the run's frame may be written now: the worker is free, or the frame
+        is small enough to wait in the pipe behind what it executes (it never fills the pipe,
+        so no write blocks on a worker that is busy)."""
+        if not lane.pipeline:
+            return True
+        if len(lane.pipeline) >= PIPELINE_DEPTH or lane.pipeline[0].kind == "ready":
+            return False
+        if run.next_frame == "settle":
+            return run.dispatcher.ready_bytes() <= PIPELINE_FRAME_BYTES
+        journal = run.journal
+        small = len(journal.source) + len(journal.run_json) <= PIPELINE_FRAME_BYTES
+        return run.next_frame == "start" and lane.configured is run.configure and small
+
+    def _next_in_pipeline(self, lane: Lane) -> None:
+        """Under the lock: the worker answered its first frame; the next, if any, is the one it
+        executes now: its time in the pipe is not its run's (its deadline and kill time move)."""
+        lane.pipeline.popleft()
+        if lane.pipeline:
+            head = lane.pipeline[0]
+            waited = time.monotonic() - head.sent
+            if head.run is not None and head.run.waiter is not None:
+                head.run.step.deadline += waited
+            lane.pipeline[0] = head._replace(sent=head.sent + waited, kill_at=head.kill_at + waited)
 
     # ---- ending ------------------------------------------------------------------------------
     def _end(
@@ -999,8 +1040,15 @@ class Supervisor:
         self._lanes.remove(lane)
         if not self._closed:
             self._spawn_locked()
-        inflight, lane.inflight = lane.inflight, None
+        inflight = lane.inflight
         culprit = inflight.run if inflight is not None else None
+        # Frames in the pipe behind the culprit's never started: their runs go on elsewhere,
+        # and the results a settle among them carried are still to be delivered.
+        behind = {entry.run: entry.kind for entry in list(lane.pipeline)[1:] if entry.run is not None}
+        lane.pipeline.clear()
+        for run, kind in behind.items():
+            if kind == "settle":
+                run.dispatcher.requeue(run.journal.batches.pop())
         runs = list(lane.residents)
         lane.residents.clear()
         lane.attached.clear()
@@ -1014,7 +1062,7 @@ class Supervisor:
             elif run is culprit:
                 assert inflight is not None
                 self._blame(run, inflight, error, timed_out, out)
-            elif run.phase is Phase.QUEUED and run.next_frame == "start":
+            elif (run.phase is Phase.QUEUED and run.next_frame == "start") or behind.get(run) == "start":
                 self._enqueue(run, "start", out)  # it never ran: it starts elsewhere
             elif run.waiter is not None:
                 self._enqueue(run, "replay", out)
@@ -1050,7 +1098,7 @@ class Supervisor:
 
     def _retire_if_done(self, lane: Lane, out: Out) -> None:
         """Under the lock: a retiring worker that holds nothing more is shut down."""
-        if lane.retiring and not lane.residents and lane.inflight is None and not lane.queue and not lane.dead:
+        if lane.retiring and not lane.residents and not lane.pipeline and not lane.queue and not lane.dead:
             lane.dead = True
             self._lanes.remove(lane)
             self._close_when_free(lane, out, lane.worker.shutdown)

@@ -666,6 +666,11 @@ class Dispatcher:
         with self._lock:
             self._ready[:0] = results
 
+    def ready_bytes(self) -> int:
+        """The size of the results ready to hand over (their payloads)."""
+        with self._lock:
+            return sum(len(payload) for _, _, payload in self._ready)
+
     def has_ready(self) -> bool:
         with self._lock:
             return bool(self._ready)

@@ -2,7 +2,8 @@
 
     Lane ─┬─ WorkerProcess      start, send, receive, kill, liveness (nothing else: a worker
           │                     elsewhere, e.g. a Ray actor, plugs in behind the same five)
-          ├─ inflight           the one frame the worker is executing, and when it must answer
+          ├─ pipeline           the frames written to it, in order: the first is the one it is
+          │                     executing (and when it must answer); small ones queue behind
           ├─ queue              runs with a frame to send once it is free (FIFO: fair)
           ├─ residents          runs whose runtime lives there (parked, queued, running)
           └─ reader             who reads its pipe now: its reader thread, or a waiting caller
@@ -10,9 +11,10 @@
 Workers are separate processes (``subprocess`` — never ``fork`` — ``python -I``, an empty
 environment, their own session and process group, RLIMIT_AS and RLIMIT_CPU). Every frame from
 a worker is untrusted: size-capped and decoded against the protocol union; a worker that sends
-anything else is discarded. A worker executes one frame at a time; the supervisor sends it the
-next only when it has answered the last, so it always knows which run a worker is busy with,
-since when, and which run to blame if it dies.
+anything else is discarded. A worker executes one frame at a time, in the order written; the
+supervisor writes small frames behind the one it executes (so a busy worker reads its next frame
+without sleeping in between) and knows, for each worker, which run's frame it is executing, since
+when, and which run to blame if it dies.
 """
 
 from __future__ import annotations
@@ -203,8 +205,9 @@ class Lane:
         "configured",
         "dead",
         "index",
-        "inflight",
         "memory",
+        "outbox",
+        "pipeline",
         "queue",
         "reader",
         "reader_busy",
@@ -213,13 +216,21 @@ class Lane:
         "started",
         "thread",
         "worker",
+        "writing",
     )
 
-    def __init__(self, index: int, worker: WorkerProcess, lock: threading.Lock, spawned_at: float) -> None:
+    def __init__(self, index: int, worker: WorkerProcess, lock: threading.Lock, ready_by: float) -> None:
         self.index = index
         self.worker = worker
-        self.inflight: Inflight | None = Inflight(None, "ready", spawned_at, 0.0)
+        #: Frames written and not answered yet, oldest first; it starts with the worker's `Ready`.
+        self.pipeline: collections.deque[Inflight] = collections.deque(
+            [Inflight(None, "ready", time.monotonic(), ready_by)]
+        )
         self.queue: collections.deque[Run] = collections.deque()
+        #: Frames to write, in pipeline order, and whether a thread is writing them now: writes
+        #: happen outside the supervisor's lock, and their order is the pipeline's.
+        self.outbox: collections.deque[tuple[list[msgspec.Struct], float]] = collections.deque()
+        self.writing = False
         self.residents: set[Run] = set()
         #: Residents with a caller waiting on them: someone must read while any are here.
         self.attached: set[Run] = set()
@@ -241,6 +252,11 @@ class Lane:
     def pid(self) -> int:
         return self.worker.pid
 
+    @property
+    def inflight(self) -> Inflight | None:
+        """The frame the worker is executing."""
+        return self.pipeline[0] if self.pipeline else None
+
     def busy(self) -> int:
         """How much work is ahead of a new frame here."""
-        return len(self.queue) + (self.inflight is not None)
+        return len(self.queue) + len(self.pipeline)
