@@ -289,3 +289,70 @@ def test_max_runs_per_worker_and_max_worker_memory_bytes_default_and_clamp(make_
     assert high.max_worker_memory_bytes == 64 << 30
     kept = make_codemode({"workers": 1, "maxRunsPerWorker": 77, "maxWorkerMemoryBytes": 1 << 30}).config
     assert (kept.max_runs_per_worker, kept.max_worker_memory_bytes) == (77, 1 << 30)
+
+
+# ---- what goes wrong in a caller never stalls a worker ----------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_an_exec_interrupted_while_it_reads_its_worker_leaves_the_worker_to_the_next_cells():
+    """A sync tool raises KeyboardInterrupt (as a Ctrl-C in the caller would) while its caller
+    reads the worker: the interrupt reaches the caller, and the next cells on that one worker
+    run (its reading went back to the lane's thread, the run was dropped)."""
+    with CodeMode({"workers": 1, "timeoutMs": 5000}) as cm:
+
+        @cm.tool
+        def interrupt() -> int:
+            raise KeyboardInterrupt
+
+        session = cm.session("s")
+        with pytest.raises(KeyboardInterrupt):
+            session.exec({"code": "return await tools.interrupt()"})
+        results: list[dict[str, Any]] = []
+        other = threading.Thread(target=lambda: results.append(cm.session("o").exec({"code": "return 3"})))
+        other.start()
+        other.join(20)
+        assert not other.is_alive(), "a cell on the worker never finished"
+        assert results[0]["value"] == 3
+        assert session.exec({"code": "return 4"})["value"] == 4
+
+
+@pytest.mark.timeout(60)
+def test_an_async_tool_whose_loop_is_closed_fails_the_call_and_the_run_ends():
+    dead = asyncio.new_event_loop()
+    dead.close()
+    with CodeMode({"workers": 1, "timeoutMs": 2000}) as cm:
+
+        async def on_a_closed_loop(n: int = 0) -> int:
+            return n
+
+        cm.add_tool(on_a_closed_loop, loop=lambda: dead)
+        result = cm.session("s").exec({"code": "return await tools.on_a_closed_loop({n: 1})"})
+        assert result["status"] == "failed", result
+        assert "Event loop is closed" in result["error"]
+
+
+@pytest.mark.timeout(60)
+def test_close_ends_a_wait_whose_run_waits_for_a_replay():
+    """The worker of a suspended run dies; a `wait` is waiting for the run's tool before it
+    replays it; `close` ends that wait (failed, runtime_unavailable) instead of leaving it to its
+    deadline."""
+    cm = CodeMode({"workers": 1, "timeoutMs": 20000})
+
+    @cm.tool
+    async def never() -> int:
+        await asyncio.Event().wait()
+        return 1
+
+    session = cm.session("s")
+    first = session.exec({"code": '// @options: {"timeout_ms": 1500}\nreturn await tools.never({})'})
+    assert first["status"] == "waiting", first
+    os.kill(cm._supervisor.worker_pids()[0], signal.SIGKILL)
+    results: list[dict[str, Any]] = []
+    waiter = threading.Thread(target=lambda: results.append(session.wait({"runId": first["runId"]})))
+    waiter.start()
+    time.sleep(0.3)
+    cm.close()
+    waiter.join(10)
+    assert not waiter.is_alive(), "the wait outlived close()"
+    assert (results[0]["status"], results[0]["code"]) == ("failed", "runtime_unavailable"), results

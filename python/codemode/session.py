@@ -765,7 +765,11 @@ class CodeMode:
         if self._mcp is not None and self._mcp_wanted():
             self._list_mcp(MCP_START_WAIT_S)
         run, configure = self._new_run(session, checked, loop, min_timeout_ms)
-        step = self._supervisor.start(run, configure, run.timeout_ms)
+        try:
+            step = self._supervisor.start(run, configure, run.timeout_ms)
+        except BaseException:
+            self._retire(run)  # (an interrupt, say): nothing of it is left running
+            raise
         return self._finish(run, step, started, "exec")
 
     async def _exec_async(self, session: Session, args: Any) -> Result:
@@ -778,7 +782,11 @@ class CodeMode:
             await self._list_mcp_async(MCP_START_WAIT_S)
         loop = asyncio.get_running_loop()
         run, configure = self._new_run(session, checked, lambda: loop, 0)
-        step = await self._supervisor.start_async(run, configure, run.timeout_ms)
+        try:
+            step = await self._supervisor.start_async(run, configure, run.timeout_ms)
+        except BaseException:
+            self._retire(run)  # (cancelled, say): nothing of it is left running
+            raise
         return self._finish(run, step, started, "exec")
 
     def _admit(self, started: float, args: Any) -> tuple[str, str, bool, CellOptions] | Failed:

@@ -197,8 +197,12 @@ class LoopReader:
         self.leave = False
 
     def keeps(self, prefer: Waiter | None) -> bool:
-        """Whether it goes on reading when ``prefer`` (None: anyone) needs the lane read."""
-        return prefer is None or prefer is self.keeper or prefer.loop is self.loop
+        """Whether it goes on reading when ``prefer`` (None: no caller, e.g. an advance) needs
+        the lane read: for its keeper, or callers on its loop (a caller's loop that reads only
+        for its own runs: with them gone it may be gone too)."""
+        if prefer is None:
+            return self.keeper is not None
+        return prefer is self.keeper or prefer.loop is self.loop
 
 
 def _send_drop(lane: Lane, run: Run, out: Out) -> None:
@@ -231,6 +235,8 @@ class Supervisor:
         self._run_ids = itertools.count(1)
         self._spawn_error = ""
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        #: Runs someone waits for (a step in progress): `close` ends them all, resident or not.
+        self._waited: set[Run] = set()
         self.spawned = 0
         self.killed = 0
         with self._lock:
@@ -292,6 +298,9 @@ class Supervisor:
                 return
             reader.leave = True  # not reading now: taken over at once (it stops at its next look)
             lane.reader = None
+            if reader.loop.is_closed() and reader.fd >= 0:
+                os.close(reader.fd)  # (its selector is gone with it: no one else will)
+                reader.fd = -1
         elif isinstance(reader, Waiter) and reader.busy and reader is not prefer:
             lane.reader = None
         elif reader is not None:
@@ -335,6 +344,7 @@ class Supervisor:
             run.timeout_ms = timeout_ms
             run.dispatcher.listener = functools.partial(self._results_ready, run)
             run.waiter = waiter
+            self._waited.add(run)
             run.step.deadline = time.monotonic() + timeout_ms / 1000.0
             self._enqueue(run, "start", out)
         _run_all(out)
@@ -374,6 +384,7 @@ class Supervisor:
                 run.timeout_ms = timeout_ms
                 run.dispatcher.listener = functools.partial(self._results_ready, run)
                 run.waiter = waiter
+                self._waited.add(run)
                 step.deadline = time.monotonic() + timeout_ms / 1000.0
                 step.extended = False
                 if run.yields:
@@ -410,6 +421,7 @@ class Supervisor:
             else:
                 run.phase = Phase.ENDED
             if waiter is not None:
+                self._waited.discard(run)
                 waiter.step = Step(failure=_failed("internal_error", "CancelledError", "code mode run was dropped"))
                 out.append(waiter.wake)
         _run_all(out)
@@ -420,6 +432,21 @@ class Supervisor:
         run's worker itself while no one else does (for every run there), or sleeps until it is
         woken or its deadline comes. (A wake-up that comes while it is busy is kept: its next
         sleep returns at once and it looks again; so does a stale one.)"""
+        try:
+            return self._wait_sync_loop(run, waiter)
+        except BaseException:
+            # (An interrupt, say, or a sync tool's BaseException.) Never left as a lane's
+            # reader: the lane goes to its thread, and the run is dropped by the caller.
+            out: Out = []
+            with self._lock:
+                waiter.polling = None
+                for lane in self._lanes:
+                    if lane.reader is waiter:
+                        self._release_reader(lane, waiter, out)
+            _run_all(out)
+            raise
+
+    def _wait_sync_loop(self, run: Run, waiter: Waiter) -> Step:
         held: Lane | None = None  # where this thread is the reader
         while True:
             out: Out = []
@@ -538,6 +565,12 @@ class Supervisor:
                 return
             self._pump(lane, timeout)
 
+    def _overdue(self, inflight: Inflight, spoke: bool) -> bool:
+        """Past the kill time; a worker writing its report just then gets one more grace to
+        finish it (only one: a worker that trickles bytes is killed all the same)."""
+        now = time.monotonic()
+        return now >= inflight.kill_at + (KILL_GRACE_S if spoke else 0.0)
+
     def _poll_timeout(self, lane: Lane) -> float:
         if lane.inflight is None:
             return READ_TICK_S
@@ -552,7 +585,8 @@ class Supervisor:
         error: Exception | None = None
         timed_out = False
         frames: list[tuple[protocol.WorkerFrame, Any]] = []
-        if worker.readable(timeout):
+        spoke = worker.readable(timeout)
+        if spoke:
             try:
                 got = worker.receive()
                 if got is None:
@@ -579,7 +613,7 @@ class Supervisor:
                 error = ProtocolError(f"code mode could not route a frame from worker {worker.pid}: {e!r}")
             if error is not None:
                 self._lane_died(lane, error, out, timed_out=timed_out)
-            elif lane.inflight is not None and time.monotonic() >= lane.inflight.kill_at:
+            elif lane.inflight is not None and self._overdue(lane.inflight, spoke):
                 error = worker.crashed(f"worker {worker.pid} overran its deadline", timed_out=True)
                 self._lane_died(lane, error, out, timed_out=True)
         _run_all(out)
@@ -713,7 +747,11 @@ class Supervisor:
     def _submit(self, run: Run, calls: list[tuple[int, str, str]], counted: bool = False) -> None:
         """Starts a run's calls (outside the lock); its sync tools go to the thread waiting for
         the run, or to the pool. ``counted``: in ``run.starting``, which this ends."""
-        inline = run.dispatcher.submit(calls)
+        try:
+            inline = run.dispatcher.submit(calls)
+        except Exception:  # (a bug: the run must still end, not wait on `starting` for good)
+            _log.exception("code mode supervisor: starting calls failed")
+            inline = None
         out: Out = []
         here: Waiter | None = None  # this thread, waiting for the run: it runs them now
         pool = None
@@ -1005,6 +1043,7 @@ class Supervisor:
         if waiter is None:
             return  # an advance: the next `wait` finds it
         run.waiter = None
+        self._waited.discard(run)
         if run.lane is not None:
             run.lane.attached.discard(run)
         if status == "suspended":
@@ -1135,6 +1174,8 @@ class Supervisor:
                 self._close_when_free(lane, out, lane.worker.kill)
                 if isinstance(reader, LoopReader):
                     out.append(functools.partial(self._loop_stop, reader))
+            for run in list(self._waited):  # (those with no lane: waiting for a replay)
+                self._end(run, "failed", out, failure=closed)
             pool, self._pool = self._pool, None
         _run_all(out)
         if pool is not None:

@@ -443,7 +443,13 @@ class Dispatcher:
             if plan.inline:
                 inline.append(plan.run)
                 continue
-            result = plan.run()
+            try:
+                result = plan.run()
+            except Exception as e:  # its loop is closed or gone: it fails, nothing stays in flight
+                with self._lock:
+                    self._futures.pop(call[0], None)
+                    self._loops.pop(call[0], None)
+                result = (call[0], False, _error_message(plan.resolved or "call", e))
             if result is not None:
                 answered.append(result)
         if answered:
@@ -622,9 +628,10 @@ class Dispatcher:
             here = asyncio.get_running_loop()
         except RuntimeError:
             here = None
+        coro = guarded()
         if target is here:
             # No trip through the loop's self-pipe, one loop iteration less before it runs.
-            task = target.create_task(guarded())
+            task = target.create_task(coro)
             with self._lock:
                 self._futures[call_id] = functools.partial(target.call_soon_threadsafe, task.cancel)
                 self._loops[call_id] = target
@@ -632,7 +639,11 @@ class Dispatcher:
         with self._lock:
             self._futures[call_id] = None  # it may finish before run_coroutine_threadsafe returns
             self._loops[call_id] = target
-        future = asyncio.run_coroutine_threadsafe(guarded(), target)
+        try:
+            future = asyncio.run_coroutine_threadsafe(coro, target)
+        except BaseException:
+            coro.close()  # (never scheduled: its loop is closed)
+            raise
         with self._lock:
             if call_id in self._futures:
                 self._futures[call_id] = future.cancel
