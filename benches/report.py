@@ -40,6 +40,37 @@ ROWS = [
     ("pydantic-monty: warm `1 + 1`, back to back (median)", "test_monty_trivial_warm_session", ""),
     ("pydantic-monty: warm `1 + 1`, idle (median)", "test_monty_trivial_idle", ""),
     ("pydantic-monty: 10 external calls, start/resume (median)", "test_monty_toolcalls_start_resume", ""),
+    (
+        "256 concurrent `exec_async` cells, each awaiting two 200 ms tools at once, 2 workers (median batch)",
+        "test_256_exec_async_cells_each_awaiting_two_200ms_tools",
+        "<= 0.6 s",
+    ),
+    (
+        "the same 256 cells awaiting their two 200 ms tools one after the other (median batch)",
+        "test_256_exec_async_cells_each_awaiting_two_sequential_200ms_tools",
+        "<= 0.6 s",
+    ),
+    (
+        "64 threads calling `exec` on a 300 ms sync tool, 2 workers (median batch)",
+        "test_64_threads_calling_exec_on_a_300ms_tool[sync]",
+        "<= 0.6 s",
+    ),
+    (
+        "64 threads calling `exec` on a 300 ms async tool, 2 workers (median batch)",
+        "test_64_threads_calling_exec_on_a_300ms_tool[async]",
+        "<= 0.6 s",
+    ),
+    (
+        "32 CPU-bound cells (~20 ms each) from 8 threads, 1 worker (median batch)",
+        "test_cpu_bound_cells_from_8_threads_by_worker_count[workers-1]",
+        "",
+    ),
+    ("the same on 2 workers (median batch)", "test_cpu_bound_cells_from_8_threads_by_worker_count[workers-2]", ""),
+    (
+        "1,000 runs parked at once on a tool, then released: the whole batch (median)",
+        "test_1000_parked_runs_host_and_worker_rss",
+        "",
+    ),
 ]
 
 
@@ -100,6 +131,17 @@ def table(data: dict) -> str:
     if "suspended_run_memory_bytes" in extra:
         derived.append(
             f"QuickJS memory of an idle suspended run: **{extra['suspended_run_memory_bytes'] / 1024:.0f} KiB**"
+        )
+    one, two = (median.get(f"test_cpu_bound_cells_from_8_threads_by_worker_count[workers-{n}]") for n in (1, 2))
+    if one and two:
+        derived.append(f"CPU-bound cells, 2 workers against 1: **{one / two:.2f}x** as fast")
+    parked = by_name.get("test_1000_parked_runs_host_and_worker_rss", {}).get("extra_info", {})
+    if "host_kib_per_parked_run" in parked:
+        derived.append(
+            f"1,000 parked runs: host RSS {parked['host_rss_kib_idle'] // 1024} -> "
+            f"{parked['host_rss_kib_parked'] // 1024} MiB (**{parked['host_kib_per_parked_run']:.1f} KiB** a run), "
+            f"workers {parked['workers_rss_kib_idle'] // 1024} -> {parked['workers_rss_kib_parked'] // 1024} MiB "
+            f"(**{parked['worker_kib_per_parked_run']:.0f} KiB** a run)"
         )
     machine = data.get("machine_info", {})
     cpu = machine.get("cpu", {}).get("brand_raw", platform.processor() or "?")
