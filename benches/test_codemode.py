@@ -137,7 +137,7 @@ def test_wait_replaying_ten_journaled_calls(benchmark, session):
         time.sleep(0.01)
         assert waiting["status"] == "waiting"
         (run,) = [r for r in runs.all() if r.run_id == waiting["runId"]]
-        session.codemode._supervisor.drop(run)  # the resident runtime is gone: wait must replay
+        assert session.codemode._supervisor.evict(run)  # the resident runtime is gone: wait must replay
         return ({"runId": waiting["runId"]},), {}
 
     assert benchmark.pedantic(session.wait, setup=suspend_and_evict, rounds=200)["value"] == 90

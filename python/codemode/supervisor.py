@@ -426,6 +426,22 @@ class Supervisor:
                 out.append(waiter.wake)
         _run_all(out)
 
+    def evict(self, run: Run) -> bool:
+        """Frees a suspended run's resident runtime and keeps the run: its next `wait` replays
+        its journal. False if the run is not parked in a worker (running, or not resident)."""
+        out: Out = []
+        with self._lock:
+            lane = run.lane
+            if lane is None or run.phase is not Phase.PARKED or run.waiter is not None:
+                return False
+            _send_drop(lane, run, out)
+            lane.residents.discard(run)
+            lane.memory -= run.memory_bytes
+            run.memory_bytes = 0
+            run.lane = None
+        _run_all(out)
+        return True
+
     # ---- waiting -----------------------------------------------------------------------------
     def _wait_sync(self, run: Run, waiter: Waiter) -> Step:
         """The calling thread waits for the run's step: it runs the run's sync tools, reads the
