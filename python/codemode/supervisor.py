@@ -251,7 +251,7 @@ class Supervisor:
             self._spawn_error = f"could not start a worker process: {e}"
             return None
         self.spawned += 1
-        lane = Lane(self.spawned, worker, self._lock, time.monotonic() + SPAWN_TIMEOUT_S)
+        lane = Lane(worker, self._lock, time.monotonic() + SPAWN_TIMEOUT_S)
         self._lanes.append(lane)
         lane.thread = threading.Thread(target=self._reader_thread, args=(lane,), name="codemode-reader", daemon=True)
         lane.thread.start()
@@ -1224,11 +1224,6 @@ class Supervisor:
             if run.phase in (Phase.RUNNING, Phase.QUEUED):
                 return "running"
             return "parked"
-
-    def resident_runs(self) -> dict[int, int]:
-        """Runs resident per worker pid (parked, queued or running there)."""
-        with self._lock:
-            return {lane.pid: len(lane.residents) for lane in self._lanes if not lane.dead}
 
 
 def _divergence(expected: list[tuple[int, str, str]], got: list[tuple[int, str, str]], status: str) -> str:

@@ -204,7 +204,6 @@ class Lane:
         "cond",
         "configured",
         "dead",
-        "index",
         "memory",
         "outbox",
         "pipeline",
@@ -219,8 +218,7 @@ class Lane:
         "writing",
     )
 
-    def __init__(self, index: int, worker: WorkerProcess, lock: threading.Lock, ready_by: float) -> None:
-        self.index = index
+    def __init__(self, worker: WorkerProcess, lock: threading.Lock, ready_by: float) -> None:
         self.worker = worker
         #: Frames written and not answered yet, oldest first; it starts with the worker's `Ready`.
         self.pipeline: collections.deque[Inflight] = collections.deque(
