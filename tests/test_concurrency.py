@@ -356,3 +356,31 @@ def test_close_ends_a_wait_whose_run_waits_for_a_replay():
     waiter.join(10)
     assert not waiter.is_alive(), "the wait outlived close()"
     assert (results[0]["status"], results[0]["code"]) == ("failed", "runtime_unavailable"), results
+
+
+@pytest.mark.timeout(60)
+def test_sync_tools_of_cells_sharing_a_worker_all_run_at_once():
+    """32 cells on one worker, each on its own thread, call a sync tool that waits until all 32
+    are inside it: a caller that reads the worker for the others hands them their calls before
+    it runs its own (none of them waits for another's tool)."""
+    threads = 32
+    with CodeMode({"workers": 1, "timeoutMs": 20000}) as cm:
+        barrier = threading.Barrier(threads, timeout=10)
+
+        @cm.tool
+        def meet(i: int) -> int:
+            barrier.wait()
+            return i
+
+        sessions = [cm.session(f"s{i}") for i in range(threads)]
+        results: list[Any] = [None] * threads
+
+        def one(i: int) -> None:
+            results[i] = sessions[i].exec({"code": f"return await tools.meet({{i: {i}}})"})
+
+        workers = [threading.Thread(target=one, args=(i,)) for i in range(threads)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join(30)
+        assert [r["value"] if r["status"] == "completed" else r for r in results] == list(range(threads))

@@ -769,7 +769,6 @@ class Supervisor:
             _log.exception("code mode supervisor: starting calls failed")
             inline = None
         out: Out = []
-        here: Waiter | None = None  # this thread, waiting for the run: it runs them now
         pool = None
         with self._lock:
             if counted:
@@ -779,31 +778,18 @@ class Supervisor:
                 if counted and waiter is not None:
                     waiter.poke()  # (it may have slept through its deadline meanwhile)
                 self._hand_to_loop(run, out)
-            elif waiter is not None and waiter.loop is None and waiter.thread != threading.get_ident():
+            elif waiter is not None and waiter.loop is None:
+                # Its own thread runs them, once it is done with what it is doing now (when that
+                # is reading for other runs, with their actions: none waits for these tools).
                 waiter.work.append(inline)
                 waiter.event.set()
                 return
-            elif waiter is not None and waiter.loop is None:
-                # Busy, it reads nothing meanwhile: whoever needs the worker read takes over.
-                here = waiter
-                here.busy = True
-                lane = run.lane
-                if lane is not None and lane.reader is here and self._need_reader(lane, run):
-                    lane.reader = READER_THREAD
-                    lane.cond.notify()
             else:
                 if self._pool is None:
                     self._pool = concurrent.futures.ThreadPoolExecutor(SYNC_TOOL_THREADS, "codemode-sync-tools")
                 pool = self._pool
         _run_all(out)
-        if inline is None:
-            return
-        if here is not None:
-            try:
-                inline()
-            finally:
-                here.busy = False
-        elif pool is not None:
+        if inline is not None and pool is not None:
             try:
                 pool.submit(inline)
             except RuntimeError:
