@@ -595,9 +595,15 @@ def test_advances_go_on_as_more_results_land_and_outputs_keep_their_order(wcm, g
     assert first["status"] == "waiting"
     gate.open()
     _advanced(wcm, first["runId"], "parked" if wait_early else "completed")
-    done = s.wait({"runId": first["runId"]})
+    # (On a loaded machine the 600 ms tool may outlive the first `wait`'s 300 ms: the outputs
+    # then come over two waits, still once each and in order.)
+    results = [s.wait({"runId": first["runId"]})]
+    while results[-1]["status"] == "waiting" and len(results) < 20:
+        results.append(s.wait({"runId": first["runId"]}))
+    done = results[-1]
     assert (done["status"], done["value"]) == ("completed", "done"), done
-    assert done["output"] == [{"type": "text", "text": "x10"}, {"type": "text", "text": "y5"}]
+    outputs = [output for result in results for output in result.get("output", [])]
+    assert outputs == [{"type": "text", "text": "x10"}, {"type": "text", "text": "y5"}]
 
 
 def test_a_guest_that_spins_after_its_result_times_out_in_the_advance(wcm, gate):
