@@ -4,17 +4,19 @@
     exec_async (any loop) ──┼─> Supervisor ───┼─> lane 1 ── worker process
     tool results ───────────┘   (one lock)    └─> ...
                                    │
-          each lane's reader (its thread, or the caller waiting on it) reads its reports:
+          each lane's reader (its thread, the caller waiting on it, or an event loop: see
+          `LoopReader`) reads its reports:
             Report(pending, calls) ──> journal, start the calls at once, park the run
             Report(completed|failed) ──> end the run's step, wake who waits for it
-          a tool result lands (on any thread) ──> Settle queued on the run's lane, sent as
-            soon as the worker is free (by the thread that finds it free)
+          a tool result lands (on any thread) ──> Settle queued on the run's lane, written
+            when the worker is free, or at once behind what it executes if it is small
 
 A run lives on one worker (its runtime is resident there) and a worker drives one frame at a
 time, so what takes a worker is a cell's CPU work, never a tool's latency: while a run is parked
-on its tools, its worker serves other runs' frames. The supervisor sends a worker its next frame
-only when it has answered the last; so it knows, for every worker, whose frame it is executing
-and since when.
+on its tools, its worker serves other runs' frames. The supervisor writes a worker a frame when
+it is free, or a small one behind the frame it executes (at most `PIPELINE_DEPTH`, in order,
+through one writer per lane); it knows, for every worker, whose frame it is executing and since
+when, and the frames behind it are not their runs' time.
 
 - **Deadlines** are per run: ``timeoutMs`` of wall time from when the cell first runs (time in a
   busy worker's queue is not charged); a run parked on tools at its deadline is suspended
@@ -27,9 +29,10 @@ and since when.
   served from the journal. A suspended run is replayed by its next ``wait``.
 - **Advances**: a result that lands while a run is suspended is settled at once; calls the
   guest makes on the way are held until the next ``wait`` (which then finds the work done).
-- **Readers**: a caller of ``exec``/``wait`` reads its run's worker itself while no one else
-  needs it (no thread hop for a lone cell); otherwise the worker's reader thread does and wakes
-  the callers. Sync tools run on their caller's thread (or, for ``exec_async``, a bounded
+- **Readers**: one at a time per worker. A caller of ``exec``/``wait`` reads its run's worker
+  itself while no one else needs it (no thread hop for a lone cell); an event loop reads it while
+  the runs there wait only on calls on that loop (`LoopReader`); otherwise the worker's reader
+  thread does, and wakes the callers. Sync tools run on their caller's thread (or, for ``exec_async``, a bounded
   pool), never on a reader: a slow one stalls no other run's reports.
 
 Every frame from a worker is untrusted: a worker that sends anything unexpected is discarded
