@@ -170,18 +170,46 @@ def test_two_concurrent_waits_on_one_run_one_is_refused(wcm, gate):
 
 def test_the_65th_suspended_run_is_refused(make_codemode):
     cm = make_codemode({"workers": 2, "timeoutMs": 2000})
-    s = cm.session()
+    sessions = [cm.session(f"s{n}") for n in range(4)]  # 16 each: the per-session share
     ids = []
     for i in range(64):
-        r = exec_(s, f"await yield_control(); return {i}")
+        r = exec_(sessions[i % 4], f"await yield_control(); return {i}")
         assert r["status"] == "waiting", r
         ids.append(r["runId"])
-    refused = exec_(s, "await yield_control(); return 64")
+    refused = exec_(cm.session("s4"), "await yield_control(); return 64")
     assert refused["status"] == "failed"
     assert refused["code"] == "invalid_input"
     assert refused["error"] == "too many suspended code mode runs."
-    assert exec_(s, "return 'not suspended'")["value"] == "not suspended"
-    assert [s.wait({"runId": rid})["value"] for rid in ids] == list(range(64))
+    assert exec_(sessions[0], "return 'not suspended'")["value"] == "not suspended"
+    assert [sessions[i % 4].wait({"runId": rid})["value"] for i, rid in enumerate(ids)] == list(range(64))
+
+
+def test_one_session_holds_at_most_its_share_of_suspended_runs(make_codemode):
+    cm = make_codemode({"workers": 2, "timeoutMs": 2000, "maxSuspendedRunsPerSession": 3})
+    greedy, other = cm.session("greedy"), cm.session("other")
+    held = [exec_(greedy, "await yield_control(); return 1") for _ in range(3)]
+    assert [r["status"] for r in held] == ["waiting"] * 3
+    refused = exec_(greedy, "await yield_control(); return 1")
+    assert (refused["status"], refused["code"]) == ("failed", "invalid_input")
+    assert refused["error"] == "too many suspended code mode runs in this session (maxSuspendedRunsPerSession 3)."
+    # Agent runs of the same session share its share; other sessions are untouched.
+    assert exec_(cm.session("greedy", agent_run="r2"), "await yield_control()")["status"] == "failed"
+    assert exec_(other, "await yield_control(); return 2")["status"] == "waiting"
+    # A slot freed by a `wait` that finishes the run is the session's again.
+    assert greedy.wait({"runId": held[0]["runId"]})["value"] == 1
+    assert exec_(greedy, "await yield_control(); return 3")["status"] == "waiting"
+
+
+def test_a_session_id_cannot_spell_another_sessions_agent_run_scope(make_codemode):
+    cm = make_codemode({"workers": 1, "timeoutMs": 2000})
+    owner = cm.session("conv", agent_run="run1")
+    waiting = exec_(owner, "await yield_control(); return 'mine'")
+    assert waiting["status"] == "waiting"
+    for forger in (cm.session("conv\x00run1"), cm.session("conv"), cm.session("conv", agent_run="run2")):
+        refused = forger.wait({"runId": waiting["runId"]})
+        assert (refused["code"], refused["error"]) == ("invalid_input", "code mode run belongs to a different session.")
+        assert forger.cancel(waiting["runId"]) is False
+    assert owner.wait({"runId": waiting["runId"]})["value"] == "mine"
 
 
 def test_snapshot_over_max_snapshot_bytes_fails(make_codemode):
@@ -617,9 +645,10 @@ def test_a_guest_that_spins_after_its_result_times_out_in_the_advance(wcm, gate)
 
 
 @pytest.mark.parametrize("yields", [False, True], ids=["held-call", "yield"])
-def test_max_snapshot_bytes_holds_only_where_the_wait_suspends(make_codemode, gate, yields):
-    """An advance stopping at a held call is not a suspension (the `wait` goes on from it), so
-    a runtime that is big only there completes, as without advancing; at a yield it is one."""
+def test_max_snapshot_bytes_holds_where_an_advance_parks_a_suspended_run(make_codemode, gate, yields):
+    """A suspended run that an advance carries on stays suspended where it stops (at a held call
+    or a yield): nobody waits for it, so its runtime must fit maxSnapshotBytes there too, or a
+    few such runs grow their worker without bound while they sit out the TTL."""
     cm = make_codemode({"workers": 1, "timeoutMs": 300, "maxSnapshotBytes": 1 << 20})
     add_tools(cm, gate)
     s = cm.session()
@@ -628,13 +657,12 @@ def test_max_snapshot_bytes_holds_only_where_the_wait_suspends(make_codemode, ga
     first = exec_(s, code)
     assert first["status"] == "waiting"
     gate.open()
-    _advanced(cm, first["runId"], "suspended" if yields else "parked")
+    _advanced(cm, first["runId"], "failed")
     result = s.wait({"runId": first["runId"]})
-    if yields:
-        assert (result["status"], result["code"]) == ("failed", "snapshot_limit_exceeded")
-        assert cm.suspended_runs() == []
-    else:
-        assert (result["status"], result["value"]) == ("completed", 10), result
+    assert (result["status"], result["code"]) == ("failed", "snapshot_limit_exceeded"), result
+    assert "maxSnapshotBytes" in result["error"]
+    assert cm.suspended_runs() == []
+    assert exec_(s, "return 40 + 2")["value"] == 42
 
 
 def test_an_advance_waits_for_a_busy_worker_without_delaying_a_cancel(wcm, gate):

@@ -29,6 +29,9 @@ BOUNDS: dict[str, tuple[int, int]] = {
     "max_search_limit": (1, 50),
     "max_runs_per_worker": (1, 4096),
     "max_worker_memory_bytes": (64 << 20, 64 << 30),
+    "max_suspended_runs_per_session": (1, 64),
+    "max_journal_bytes": (64 << 10, 32 << 20),
+    "workers": (0, 256),
 }
 
 
@@ -57,6 +60,13 @@ class CodeModeConfig(msgspec.Struct, rename="camel", forbid_unknown_fields=True,
     max_runs_per_worker: int = 512
     #: QuickJS memory the runs resident on one worker may hold together.
     max_worker_memory_bytes: int = 2 << 30
+    #: Suspended runs one session may hold, of the 64 a ``CodeMode`` keeps: one busy session
+    #: cannot take every other session's suspensions.
+    max_suspended_runs_per_session: int = 16
+    #: Tool results (and a restart-safe run's open inputs) one run's journal may hold: the host
+    #: memory a run costs besides its runtime, and what a replay sends in one frame. A result
+    #: past it fails that call. A suspended run counts it in ``maxSnapshotBytes`` too.
+    max_journal_bytes: int = 16 << 20
     #: MCP servers, in the format MCP clients use: ``{"time": {"command": ..., "args": [...]},
     #: "docs": {"url": ...}}``. Their tools join the catalog as ``mcp:<server>:<tool>``.
     mcp_servers: dict[str, Any] = msgspec.field(default_factory=dict)
@@ -72,7 +82,7 @@ def _clamp(config: CodeModeConfig) -> CodeModeConfig:
     limit = changes.get("max_search_limit", config.max_search_limit)
     if changes.get("search_default_limit", config.search_default_limit) > limit:
         changes["search_default_limit"] = limit
-    if config.workers < 0:
+    if config.workers < 0:  # checked, not clamped: a negative count is a mistake, not a wish for 0
         raise ConfigError("workers must be >= 0")
     if not config.languages:
         raise ConfigError("languages must name at least one of 'javascript', 'typescript'")

@@ -36,8 +36,11 @@ __all__ = [
     "Run",
     "RunLookupError",
     "RunTable",
+    "Scope",
     "Step",
     "input_hash",
+    "journal_size",
+    "utf8_len",
 ]
 
 #: Suspended runs one ``CodeMode`` keeps at once (the spec's per-process bound).
@@ -48,6 +51,23 @@ UNAVAILABLE = "code mode run is unavailable or expired."
 FOREIGN = "code mode run belongs to a different session."
 BUSY = "code mode run is already being resumed."
 TOO_MANY = "too many suspended code mode runs."
+#: Suspension refused because this session holds its share (``maxSuspendedRunsPerSession``).
+TOO_MANY_IN_SESSION = "too many suspended code mode runs in this session (maxSuspendedRunsPerSession {limit})."
+
+#: Whose suspended runs these are: ``(session id, agent run or None)``. A tuple, not a joined
+#: string, so no session id can spell another session's scope.
+Scope = tuple[str, str | None]
+
+
+def utf8_len(text: str) -> int:
+    """Bytes of ``text`` in UTF-8, without a copy when it is ASCII (most JSON is)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def journal_size(journal: Journal) -> int:
+    """The bytes a journal holds that grow with what the run does (payloads and open inputs)."""
+    payloads = sum(utf8_len(payload) for batch in journal.batches for _, _, payload in batch)
+    return payloads + sum(utf8_len(data) for data in journal.open_inputs.values())
 
 
 def input_hash(input_json: str) -> str:
@@ -75,6 +95,7 @@ class Journal(msgspec.Struct, kw_only=True):
     run_json: str = "{}"
     restart_safe: bool = False
     session_id: str = ""
+    agent_run: str | None = None
     calls: list[JournalCall] = msgspec.field(default_factory=list)
     #: Result batches ``(call_id, ok, payload)`` in the order they were settled.
     batches: list[list[tuple[int, bool, str]]] = msgspec.field(default_factory=list)
@@ -145,6 +166,7 @@ class Run:
         "expires_at",
         "held",
         "journal",
+        "journal_bytes",
         "lane",
         "memory_bytes",
         "next_frame",
@@ -153,7 +175,7 @@ class Run:
         "placements",
         "queued_at",
         "run_id",
-        "session_id",
+        "scope",
         "starting",
         "step",
         "store_key",
@@ -162,11 +184,14 @@ class Run:
         "yields",
     )
 
-    def __init__(self, session_id: str, journal: Journal, dispatcher: Dispatcher) -> None:
+    def __init__(self, scope: Scope, journal: Journal, dispatcher: Dispatcher) -> None:
         #: Given when the run is first suspended (most runs never are).
         self.run_id = ""
-        self.session_id = session_id
+        self.scope = scope
         self.journal = journal
+        #: What the journal holds for the host (results, and a restart-safe run's open inputs),
+        #: in UTF-8 bytes: bounded by ``maxJournalBytes``, counted in the snapshot.
+        self.journal_bytes = journal_size(journal)
         self.dispatcher = dispatcher
         #: The worker where the runtime is resident (or queued to be), and its id there; no
         #: lane once it must be replayed.
@@ -207,6 +232,17 @@ class Run:
         self.store_key: tuple[str, str] | None = None
         self.timeout_ms = 10_000
 
+    def snapshot_overrun(self, limit: int) -> str | None:
+        """Why this run may not stay suspended under ``maxSnapshotBytes`` (its resident runtime
+        plus its journal), or None."""
+        size = self.memory_bytes + self.journal_bytes
+        if size <= limit:
+            return None
+        return (
+            f"code mode snapshot of {size} bytes (runtime {self.memory_bytes}, journal {self.journal_bytes}) "
+            f"exceeds maxSnapshotBytes ({limit})."
+        )
+
     def pending_calls(self) -> list[dict[str, Any]]:
         """The spec's ``pendingToolCalls``: calls made and not yet settled, oldest first."""
         settled = self.journal.settled_ids()
@@ -223,11 +259,13 @@ class RunLookupError(Exception):
 
 
 class RunTable:
-    """In-memory suspended runs of one ``CodeMode``: bounded, expiring, session-scoped."""
+    """In-memory suspended runs of one ``CodeMode``: bounded in all and per session, expiring,
+    scoped to ``(session, agent run)``."""
 
-    def __init__(self, ttl_seconds: float, limit: int = MAX_SUSPENDED_RUNS) -> None:
+    def __init__(self, ttl_seconds: float, limit: int = MAX_SUSPENDED_RUNS, per_session: int | None = None) -> None:
         self._ttl = ttl_seconds
         self._limit = limit
+        self._per_session = limit if per_session is None else per_session
         self._runs: dict[str, Run] = {}
         self._lock = threading.Lock()
 
@@ -246,40 +284,45 @@ class RunTable:
                 run.aborted = True
         return gone
 
-    def suspend(self, run: Run) -> bool:
-        """Files a run as suspended (and no longer resuming); False if the table is full."""
+    def suspend(self, run: Run) -> str | None:
+        """Files a run as suspended (and no longer resuming); else says why not (the table is
+        full, or its session holds its share of it)."""
         with self._lock:
             run.busy = False
-            if run.run_id not in self._runs and len(self._runs) >= self._limit:
-                return False
+            if run.run_id not in self._runs:
+                if len(self._runs) >= self._limit:
+                    return TOO_MANY
+                session_id = run.scope[0]
+                if sum(r.scope[0] == session_id for r in self._runs.values()) >= self._per_session:
+                    return TOO_MANY_IN_SESSION.format(limit=self._per_session)
             if not run.run_id:
                 run.run_id = "run_" + secrets.token_urlsafe(12)
             run.expires_at = time.monotonic() + self._ttl
             self._runs[run.run_id] = run
-            return True
+            return None
 
-    def claim(self, run_id: Any, session_id: str) -> Run:
+    def claim(self, run_id: Any, scope: Scope) -> Run:
         """Marks a run as resuming; raises ``RunLookupError`` with the spec's message."""
         with self._lock:
-            run = self._resumable(run_id, session_id)
+            run = self._resumable(run_id, scope)
             run.busy = True
             return run
 
-    def _resumable(self, run_id: Any, session_id: str) -> Run:
+    def _resumable(self, run_id: Any, scope: Scope) -> Run:
         """The run, if this session may take it now; else ``RunLookupError`` (under the lock)."""
         run = self._runs.get(run_id) if isinstance(run_id, str) else None
         if run is None or run.expires_at <= time.monotonic():
             raise RunLookupError(UNAVAILABLE)
-        if run.session_id != session_id:
+        if run.scope != scope:
             raise RunLookupError(FOREIGN)
         if run.busy:
             raise RunLookupError(BUSY)
         return run
 
-    def abort(self, run_id: Any, session_id: str) -> Run:
+    def abort(self, run_id: Any, scope: Scope) -> Run:
         """Takes a run out of the table to be cancelled (``claim``'s checks)."""
         with self._lock:
-            run = self._resumable(run_id, session_id)
+            run = self._resumable(run_id, scope)
             del self._runs[run.run_id]
             run.aborted = True
             return run
@@ -291,9 +334,9 @@ class RunTable:
             if self._runs.get(run.run_id) is run:
                 del self._runs[run.run_id]
 
-    def of_session(self, session_id: str) -> list[Run]:
+    def of_scope(self, scope: Scope) -> list[Run]:
         with self._lock:
-            return [r for r in self._runs.values() if r.session_id == session_id]
+            return [r for r in self._runs.values() if r.scope == scope]
 
     def all(self) -> list[Run]:
         with self._lock:

@@ -31,8 +31,8 @@ from .errors import ClosedError, CodemodeError, ConfigError, ToolDefinitionError
 from .namespaces import NamespaceRegistration, Namespaces
 from .policy import Approver, Hook, Policy, ToolCallEvent, Trace, TraceEvent
 from .protocol import Configure, EngineLimits
-from .runs import TOO_MANY, Journal, Run, RunLookupError, RunTable, Step
-from .store import Store, StoreError, open_store
+from .runs import Journal, Run, RunLookupError, RunTable, Scope, Step, journal_size
+from .store import Store, StoreError, StoreLimitError, open_store
 from .supervisor import Supervisor
 from .surfaces import SURFACES, ModelTool, Surface, control_tools, directory_listing, payload_bytes
 from .tools import (
@@ -59,6 +59,9 @@ _log = logging.getLogger(__name__)
 MODEL_VISIBLE_TOOLS = ("exec", "wait")
 #: Catalog schemas the `directory` surface exposes directly for a `likely` request.
 LIKELY_SCHEMAS = 3
+#: The longest cell source accepted, in characters: a model writes cells of a few KB; a bigger
+#: one is refused before it reaches a worker (and is one frame, under its cap, if it does).
+MAX_SOURCE_CHARS = 1 << 20
 #: The lower bound of a `tool_search_code` cell's timeout (seed 001).
 TOOL_SEARCH_CODE_MIN_TIMEOUT_MS = 1000
 #: How long an unreachable MCP server is left alone before an exec lists it again (in the
@@ -207,6 +210,24 @@ def _cell_options(code: str) -> CellOptions | str:
     return options
 
 
+def _journal_problem(journal: Journal, config: CodeModeConfig) -> str | None:
+    """What is wrong with an imported journal, as this ``CodeMode`` would see the same run made
+    here (its limits, its languages), or None."""
+    if journal.language not in config.languages:
+        return f"language {journal.language!r} is not enabled here"
+    if len(journal.source) > MAX_SOURCE_CHARS:
+        return f"its source is {len(journal.source)} characters; the limit is {MAX_SOURCE_CHARS}"
+    if len(journal.run_json) > MAX_SOURCE_CHARS * 4:
+        return "its run setup is too large"
+    size = journal_size(journal)
+    if size > config.max_journal_bytes:
+        return f"it holds {size} bytes of results; maxJournalBytes is {config.max_journal_bytes}"
+    made = {call.id for call in journal.calls}
+    if len(made) != len(journal.calls) or not journal.settled_ids() <= made or not set(journal.open_inputs) <= made:
+        return "its calls and results do not match"
+    return None
+
+
 async def _awaited(value: Awaitable[Any]) -> Any:
     return await value
 
@@ -282,8 +303,10 @@ class CodeMode:
             size,
             max_runs_per_worker=self.config.max_runs_per_worker,
             max_worker_memory=self.config.max_worker_memory_bytes,
+            max_snapshot_bytes=self.config.max_snapshot_bytes,
+            max_journal_bytes=self.config.max_journal_bytes,
         )
-        self._runs = RunTable(self.config.snapshot_ttl_seconds)
+        self._runs = RunTable(self.config.snapshot_ttl_seconds, per_session=self.config.max_suspended_runs_per_session)
         self._sweeper: threading.Thread | None = None
         self._sweep_stop = threading.Event()
         self._host_catalog: tuple[str, Catalog] | None = None
@@ -727,6 +750,8 @@ class CodeMode:
             return self._invalid(started, "exec `code` and `command` must match when both are given.")
         if not isinstance(code, str) or not code.strip():
             return self._invalid(started, "exec requires a non-empty `code` string.")
+        if len(code) > MAX_SOURCE_CHARS:
+            return self._invalid(started, f"exec `code` is {len(code)} characters; the limit is {MAX_SOURCE_CHARS}.")
         language = args.get("language", "javascript")
         if language not in ("javascript", "typescript"):
             return self._invalid(started, 'exec `language` must be "javascript" or "typescript".')
@@ -766,11 +791,12 @@ class CodeMode:
             self._list_mcp(MCP_START_WAIT_S)
         run, configure = self._new_run(session, checked, loop, min_timeout_ms)
         try:
-            step = self._supervisor.start(run, configure, run.timeout_ms)
+            return self._finish(run, self._supervisor.start(run, configure, run.timeout_ms), started, "exec")
+        except Exception as e:
+            return self._broken(run, started, e)
         except BaseException:
             self._retire(run)  # (an interrupt, say): nothing of it is left running
             raise
-        return self._finish(run, step, started, "exec")
 
     async def _exec_async(self, session: Session, args: Any) -> Result:
         """`_exec` as a coroutine on the caller's loop (its async tools run there too)."""
@@ -784,10 +810,21 @@ class CodeMode:
         run, configure = self._new_run(session, checked, lambda: loop, 0)
         try:
             step = await self._supervisor.start_async(run, configure, run.timeout_ms)
+            return self._finish(run, step, started, "exec")
+        except Exception as e:
+            return self._broken(run, started, e)
         except BaseException:
             self._retire(run)  # (cancelled, say): nothing of it is left running
             raise
-        return self._finish(run, step, started, "exec")
+
+    def _broken(self, run: Run, started: float, error: Exception) -> Failed:
+        """Something in the host failed while it drove ``run`` (a bug, or a hostile value that
+        got past every check): the run ends and frees its slot, and the caller gets a failed
+        result, never the exception."""
+        _log.exception("code mode: run %s failed in the host", run.run_id or "(unsuspended)")
+        self._retire(run)
+        message = f"code mode failed in the host: {type(error).__name__}"
+        return Failed(error=message, code="internal_error", telemetry=self._telemetry(started, None))
 
     def _admit(self, started: float, args: Any) -> tuple[str, str, bool, CellOptions] | Failed:
         if self._closed:
@@ -826,10 +863,11 @@ class CodeMode:
     ) -> tuple[Run, Configure]:
         code, language, restart_safe, options = checked
         session_id, scope = session.session_id, session.scope
+        # A pragma may only lower what the operator's config allows, never raise it.
         timeout_ms = self.config.timeout_ms
         low, high = BOUNDS["timeout_ms"]
         if options.timeout_ms is not None:
-            timeout_ms = min(max(options.timeout_ms, low), high)
+            timeout_ms = min(max(options.timeout_ms, low), timeout_ms)
         timeout_ms = min(max(timeout_ms, min_timeout_ms), high)
         configure, view = self._configuration()
         namespaces, namespace_calls = self._namespaces.build(view.tools, session_id)
@@ -849,7 +887,8 @@ class CodeMode:
             seed=random.getrandbits(63),
             run_json=msgspec.json.encode(run_setup).decode() if run_setup else "{}",
             restart_safe=restart_safe,
-            session_id=scope,
+            session_id=session_id,
+            agent_run=session.agent_run,
         )
         dispatcher = Dispatcher(
             view,
@@ -864,7 +903,7 @@ class CodeMode:
         run.store_key = (session_id, session.branch)
         dispatcher.parent = f"exec_{next(self._call_ids)}"
         if options.max_output_tokens is not None:
-            run.output_chars = options.max_output_tokens * 4
+            run.output_chars = min(options.max_output_tokens * 4, self.config.max_output_bytes)
         run.timeout_ms = timeout_ms
         return run, configure
 
@@ -875,11 +914,12 @@ class CodeMode:
             return claimed
         run, configure = claimed
         try:
-            step = self._supervisor.resume(run, configure, run.timeout_ms)
+            return self._finish(run, self._supervisor.resume(run, configure, run.timeout_ms), started, "wait")
+        except Exception as e:
+            return self._broken(run, started, e)
         except BaseException:
             self._retire(run)  # never left resuming: its slot is freed
             raise
-        return self._finish(run, step, started, "wait")
 
     async def _wait_async(self, session: Session, args: Any) -> Result:
         started = time.perf_counter()
@@ -889,10 +929,12 @@ class CodeMode:
         run, configure = claimed
         try:
             step = await self._supervisor.resume_async(run, configure, run.timeout_ms)
+            return self._finish(run, step, started, "wait")
+        except Exception as e:
+            return self._broken(run, started, e)
         except BaseException:
             self._retire(run)
             raise
-        return self._finish(run, step, started, "wait")
 
     def _claim(self, session: Session, args: Any, started: float) -> tuple[Run, Configure] | Failed:
         """The run a `wait` resumes (marked resuming), and the configuration a replay needs."""
@@ -906,11 +948,14 @@ class CodeMode:
             run = self._runs.claim(run_id, session.scope)
         except RunLookupError as e:
             return self._invalid(started, str(e))
-        run.dispatcher.parent = f"wait_{next(self._call_ids)}"
-        configure, view = self._configuration()
-        if view.fingerprint != run.journal.catalog_fingerprint:
-            # A replay must see the catalog the run started with; the journal records which.
-            configure = self._configure_for(run)
+        try:
+            run.dispatcher.parent = f"wait_{next(self._call_ids)}"
+            configure, view = self._configuration()
+            if view.fingerprint != run.journal.catalog_fingerprint:
+                # A replay must see the catalog the run started with; the journal records which.
+                configure = self._configure_for(run)
+        except Exception as e:
+            return self._broken(run, started, e)
         return run, configure
 
     def _snapshot(self, session_id: str, branch: str) -> dict[str, str]:
@@ -943,16 +988,14 @@ class CodeMode:
     def _result(self, run: Run, step: Step, telemetry: Telemetry) -> Result:
         output = _outputs(step.outputs, run.output_chars)
         if step.status == "suspended":
-            if step.memory_bytes > self.config.max_snapshot_bytes:
+            overrun = run.snapshot_overrun(self.config.max_snapshot_bytes)
+            if overrun is not None:
                 self._retire(run)
-                message = (
-                    f"code mode snapshot of {step.memory_bytes} bytes exceeds maxSnapshotBytes "
-                    f"({self.config.max_snapshot_bytes})."
-                )
-                return Failed(error=message, code="snapshot_limit_exceeded", telemetry=telemetry, output=output)
-            if not self._runs.suspend(run):
+                return Failed(error=overrun, code="snapshot_limit_exceeded", telemetry=telemetry, output=output)
+            refused = self._runs.suspend(run)
+            if refused is not None:
                 self._retire(run)
-                return Failed(error=TOO_MANY, code="invalid_input", telemetry=telemetry, output=output)
+                return Failed(error=refused, code="invalid_input", telemetry=telemetry, output=output)
             self._start_sweeper()
             waiting = Waiting(
                 run_id=run.run_id,
@@ -967,6 +1010,8 @@ class CodeMode:
             if step.store_writes is not None and run.store_key is not None:
                 try:
                     self._store.commit(*run.store_key, step.store_writes)
+                except StoreLimitError as e:  # the cell's own doing: it stored too much
+                    return Failed(error=f"store commit refused: {e}", code="invalid_input", telemetry=telemetry)
                 except StoreError as e:
                     return Failed(error=f"store commit failed: {e}", code="internal_error", telemetry=telemetry)
                 if self._store_cache is not None:
@@ -1000,11 +1045,13 @@ class CodeMode:
         self._sweeper = threading.Thread(target=loop, name="codemode-sweeper", daemon=True)
         self._sweeper.start()
 
-    def cancel(self, session_id: str, run_id: str) -> bool:
-        """Aborts a suspended run of this session; True if there was one. It never waits for
-        an advance of the run: that advance retires it when it ends."""
+    def cancel(self, session_id: str | Scope, run_id: str) -> bool:
+        """Aborts a suspended run of this session (a session id, or ``(session id, agent run)``);
+        True if there was one. It never waits for an advance of the run: that advance retires
+        it when it ends."""
+        scope = (session_id, None) if isinstance(session_id, str) else session_id
         try:
-            run = self._runs.abort(run_id, session_id)
+            run = self._runs.abort(run_id, scope)
         except RunLookupError:
             return False
         if run is not None:
@@ -1012,8 +1059,8 @@ class CodeMode:
         return True
 
     def suspended_runs(self, session_id: str | None = None) -> list[str]:
-        runs = self._runs.all() if session_id is None else self._runs.of_session(session_id)
-        return [r.run_id for r in runs]
+        """Ids of the suspended runs, of every session or of one (any of its agent runs)."""
+        return [r.run_id for r in self._runs.all() if session_id is None or r.scope[0] == session_id]
 
     def export_run(self, run_id: str) -> bytes:
         """The run's journal as bytes; ``import_run`` in another process resumes it."""
@@ -1024,15 +1071,26 @@ class CodeMode:
 
     def import_run(self, data: bytes, session_id: str) -> str:
         """Files a journal exported elsewhere as a suspended run of ``session_id``; its open tool
-        calls are redone here, so only restart-safe runs (read-only tools) are accepted."""
-        journal = Journal.decode(data)
+        calls are redone here, so only restart-safe runs (read-only tools) are accepted.
+
+        Nothing in the bytes is trusted: the limits are this ``CodeMode``'s own, the source and
+        the recorded calls are checked as an ``exec``'s would be, and the replay fails with a
+        divergence error where the journal lies about what the cell does."""
+        try:
+            journal = Journal.decode(data)
+        except (msgspec.DecodeError, RecursionError, MemoryError) as e:
+            raise CodemodeError(f"not a code mode journal: {e}") from None
         if not journal.restart_safe:
             raise CodemodeError("only restartSafe runs can resume in another process")
         if journal.prelude_hash != _engine.PRELUDE_HASH:
             raise CodemodeError("this journal was written by a different code mode engine")
-        _, view = self._configuration()
+        configure, view = self._configuration()
         if view.fingerprint != journal.catalog_fingerprint:
             raise CodemodeError("this journal was written against a different tool catalog")
+        problem = _journal_problem(journal, self.config)
+        if problem is not None:
+            raise CodemodeError(f"refused journal: {problem}")
+        journal.limits = configure.limits
         _, namespace_calls = self._namespaces.build(view.tools, session_id)
         dispatcher = Dispatcher(
             view,
@@ -1042,9 +1100,9 @@ class CodeMode:
             read_only=True,
             namespace_calls=namespace_calls,
         )
-        run = Run(session_id, journal, dispatcher)
+        run = Run((session_id, None), journal, dispatcher)
         run.timeout_ms = self.config.timeout_ms
-        journal.session_id = session_id
+        journal.session_id, journal.agent_run = session_id, None
         settled = journal.settled_ids()
         redo = [
             (c.id, c.tool, journal.open_inputs[c.id])
@@ -1052,8 +1110,9 @@ class CodeMode:
             if c.id not in settled and c.id in journal.open_inputs
         ]
         run.yields.extend(c.id for c in journal.calls if c.id not in settled and c.tool == _engine.YIELD_TOOL)
-        if not self._runs.suspend(run):
-            raise CodemodeError(TOO_MANY)
+        refused = self._runs.suspend(run)
+        if refused is not None:
+            raise CodemodeError(refused)
         inline = run.dispatcher.submit(redo)
         if inline is not None:
             inline()
@@ -1073,7 +1132,7 @@ class Session:
         #: The conversation branch `store` commits to and `load` reads from.
         self.branch = branch
         #: Suspended runs belong to this key: the session and, if given, the agent run.
-        self.scope = session_id if agent_run is None else f"{session_id}\x00{agent_run}"
+        self.scope: Scope = (session_id, agent_run)
 
     def exec(self, args: dict[str, Any]) -> dict[str, Any]:
         """Runs one cell; returns the spec's JSON result (``completed``, ``waiting``, ``failed``)."""
@@ -1104,7 +1163,7 @@ class Session:
 
     def close(self) -> None:
         """Aborts every suspended run of this session."""
-        for run in self.codemode._runs.of_session(self.scope):
+        for run in self.codemode._runs.of_scope(self.scope):
             self.codemode.cancel(self.scope, run.run_id)
 
     def model_tools(

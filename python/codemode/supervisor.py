@@ -50,15 +50,18 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import protocol
 from ._engine import YIELD_TOOL
 from .errors import ClosedError, ProtocolError, WorkerCrashed
 from .hotloop import HotLoop, watch
 from .protocol import Configure, Drop, Fault, Ready, Replay, Report, Settle, Start, decode_guest_json
-from .runs import JournalCall, Phase, Run, Step, input_hash
+from .runs import JournalCall, Phase, Run, Step, input_hash, utf8_len
 from .workers import READER_THREAD, WORKER_ADDRESS_SLACK, Inflight, Lane, WorkerProcess
+
+if TYPE_CHECKING:
+    from .tools import Result
 
 __all__ = ["KILL_GRACE_S", "SYNC_TOOL_THREADS", "Supervisor"]
 
@@ -84,6 +87,9 @@ SYNC_TOOL_THREADS = 8
 #: How many workers a start or a replay is tried on before its run fails (a worker that dies
 #: before answering is replaced, and the frame goes to the next).
 MAX_PLACEMENTS = 3
+#: Result bytes one settle frame carries at most; with one result of up to the bridge limit
+#: (16 MiB) always allowed, a settle stays well under ``protocol.MAX_FRAME_BYTES``.
+SETTLE_BUDGET_BYTES = protocol.MAX_FRAME_BYTES // 2
 
 Out = list[Callable[[], object]]
 _log = logging.getLogger(__name__)
@@ -91,6 +97,13 @@ _log = logging.getLogger(__name__)
 
 def _failed(code: str, name: str, message: str) -> tuple[str | None, str, str, str]:
     return (code, name, message, "")
+
+
+def _journal_full(length: int, limit: int) -> str:
+    return (
+        f"tool result of {length} bytes would grow this run's journal past maxJournalBytes ({limit}); "
+        "ask the tool for less (a page, a filter, fewer fields)."
+    )
 
 
 def _run_all(out: Out) -> None:
@@ -228,10 +241,20 @@ class Supervisor:
     """The worker lanes and every run on them. All state is guarded by one lock; pipe I/O,
     waking and tool code run outside it."""
 
-    def __init__(self, size: int, *, max_runs_per_worker: int = 512, max_worker_memory: int = 2 << 30) -> None:
+    def __init__(
+        self,
+        size: int,
+        *,
+        max_runs_per_worker: int = 512,
+        max_worker_memory: int = 2 << 30,
+        max_snapshot_bytes: int = 10 << 20,
+        max_journal_bytes: int = 16 << 20,
+    ) -> None:
         self._size = max(1, size)
         self._max_runs = max_runs_per_worker
         self._max_memory = max_worker_memory
+        self._max_snapshot = max_snapshot_bytes
+        self._max_journal = max_journal_bytes
         self._lock = threading.Lock()
         self._lanes: list[Lane] = []
         self._closed = False
@@ -703,8 +726,16 @@ class Supervisor:
             calls.append((call_id, tool, data))
             if journal.restart_safe:
                 journal.open_inputs[call_id] = data
+                run.journal_bytes += utf8_len(data)
         if run.waiter is None:
-            # An advance: nothing the host would see starts before the model asks for it.
+            # An advance: nothing the host would see starts before the model asks for it. The
+            # run stays suspended, so the snapshot limit holds here as at any suspension.
+            overrun = run.snapshot_overrun(self._max_snapshot)
+            if overrun is not None:
+                _send_drop(lane, run, out)
+                self._forget(run)
+                self._end(run, "failed", out, failure=_failed("snapshot_limit_exceeded", "SnapshotLimitError", overrun))
+                return
             run.held.extend(calls)
             if run.yields:
                 step.status, step.reason = "suspended", "yield"
@@ -965,7 +996,7 @@ class Supervisor:
                 lane.retiring = True
                 self._spawn_locked()
         elif kind == "settle":
-            results = run.dispatcher.take_ready()
+            results = self._carried(run, run.dispatcher.take_ready())
             if not results:
                 run.phase = Phase.PARKED
                 return None
@@ -1000,6 +1031,25 @@ class Supervisor:
         lane.pipeline.append(Inflight(run, kind, now, kill_at))
         run.phase = Phase.RUNNING
         return frames
+
+    def _carried(self, run: Run, results: list[Result]) -> list[Result]:
+        """The results one settle frame carries: up to ``SETTLE_BUDGET_BYTES`` of them (the rest
+        stay ready for the next one, so no frame outgrows its cap), each recorded in the journal
+        within ``maxJournalBytes`` (past it, that call fails instead)."""
+        carried: list[Result] = []
+        size = 0
+        for index, (call_id, ok, payload) in enumerate(results):
+            length = utf8_len(payload)
+            if carried and size + length > SETTLE_BUDGET_BYTES:
+                run.dispatcher.requeue(results[index:])
+                break
+            if run.journal_bytes + length > self._max_journal:
+                ok, payload = False, _journal_full(length, self._max_journal)
+                length = len(payload)
+            run.journal_bytes += length
+            size += length
+            carried.append((call_id, ok, payload))
+        return carried
 
     def _may_write(self, lane: Lane, run: Run) -> bool:
         """Under the lock: the run's frame may be written now: the worker is free, or the frame
