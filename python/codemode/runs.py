@@ -162,6 +162,7 @@ class Run:
         "configure",
         "counts",
         "dispatcher",
+        "drive_s",
         "engine_run",
         "expires_at",
         "held",
@@ -206,6 +207,9 @@ class Run:
         #: Workers placed on since its last report (bounded: a run whose frame kills every
         #: worker it is given fails).
         self.placements = 0
+        #: How long its worker took over its last frame: a run whose frames are quick may have
+        #: its next one wait in the pipe behind another's (see `Supervisor._may_write`).
+        self.drive_s = 0.0
         #: The step in progress, and who waits for it (None while suspended: then a result
         #: that lands advances the run, and the next `wait` reports or goes on from its step).
         self.step = Step()

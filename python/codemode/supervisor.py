@@ -81,6 +81,12 @@ READ_TICK_S = 0.05
 #: frame may be (a pipe holds 64 KiB: no write to a worker that is busy ever blocks).
 PIPELINE_DEPTH = 4
 PIPELINE_FRAME_BYTES = 8 << 10
+#: A run whose last frame took its worker at most this long may queue its next in the pipe.
+PIPELINE_QUICK_S = 0.002
+#: How far into a lane's queue fair queueing looks for the session served longest ago.
+FAIR_SCAN = 64
+#: Sessions whose last service is remembered (the rest count as never served).
+SERVED_SESSIONS = 4096
 #: Threads that run the sync tools of ``exec_async`` runs (whose callers have no thread to
 #: lend): at most this many sync tools run at once for them; more wait their turn.
 SYNC_TOOL_THREADS = 8
@@ -255,6 +261,9 @@ class Supervisor:
         self._max_memory = max_worker_memory
         self._max_snapshot = max_snapshot_bytes
         self._max_journal = max_journal_bytes
+        #: Session id -> when it last had a frame sent, oldest first (fair queueing).
+        self._served: dict[str, int] = {}
+        self._serve_ticks = itertools.count()
         self._lock = threading.Lock()
         self._lanes: list[Lane] = []
         self._closed = False
@@ -678,6 +687,7 @@ class Supervisor:
             if len(frame.calls) > run.journal.limits.max_pending_calls:
                 # An engine never has more calls in flight: this worker is not one of ours.
                 raise ProtocolError(f"worker {lane.pid} reported more calls than maxPendingToolCalls")
+        run.drive_s = time.monotonic() - inflight.sent
         self._next_in_pipeline(lane)
         if isinstance(frame, Fault):
             self._forget(run)
@@ -946,16 +956,28 @@ class Supervisor:
         """Under the lock: if the worker is free, the next queued frame goes to it. (A worker
         that died while idle is found by its reader when the frame gets no answer: its run,
         the culprit, goes on elsewhere, see `_blame`.)"""
-        while lane.queue and not lane.dead and self._may_write(lane, lane.queue[0]):
-            run = lane.queue.popleft()
+        while lane.queue and not lane.dead:
+            run = self._take_next(lane)
             if run.aborted or run.phase is not Phase.QUEUED:
                 continue
+            if not self._may_write(lane, run):
+                lane.queue.appendleft(run)  # (its turn is next)
+                return
             frames = self._frame_for(lane, run, out)
             if frames is not None:
+                self._served_now(run.scope[0])
                 lane.outbox.append((frames, lane.pipeline[-1].kill_at))
                 if not lane.writing:
                     lane.writing = True
                     out.append(functools.partial(self._flush, lane))
+
+    def _served_now(self, session_id: str) -> None:
+        """Under the lock: ``session_id`` just had a frame sent (the most recent of all)."""
+        served = self._served
+        served.pop(session_id, None)
+        served[session_id] = next(self._serve_ticks)
+        if len(served) > SERVED_SESSIONS:
+            del served[next(iter(served))]  # the longest-unserved: forgetting it keeps it first
 
     def _flush(self, lane: Lane) -> None:
         """Writes the lane's outbox in order (outside the lock; one writer at a time)."""
@@ -1053,17 +1075,32 @@ class Supervisor:
 
     def _may_write(self, lane: Lane, run: Run) -> bool:
         """Under the lock: the run's frame may be written now: the worker is free, or the frame
-        is small enough to wait in the pipe behind what it executes (it never fills the pipe,
-        so no write blocks on a worker that is busy)."""
+        is a settle small enough to wait in the pipe behind what it executes (it never fills the
+        pipe, so no write blocks on a worker that is busy) of a run whose frames are quick. A
+        frame in the pipe is committed to go next, so only those: a new cell (of unknown cost)
+        or a slow run would make every run queued behind it wait longer than one frame."""
         if not lane.pipeline:
             return True
         if len(lane.pipeline) >= PIPELINE_DEPTH or lane.pipeline[0].kind == "ready":
             return False
-        if run.next_frame == "settle":
-            return run.dispatcher.ready_bytes() <= PIPELINE_FRAME_BYTES
-        journal = run.journal
-        small = len(journal.source) + len(journal.run_json) <= PIPELINE_FRAME_BYTES
-        return run.next_frame == "start" and lane.configured is run.configure and small
+        quick = run.next_frame == "settle" and run.drive_s <= PIPELINE_QUICK_S
+        return quick and run.dispatcher.ready_bytes() <= PIPELINE_FRAME_BYTES
+
+    def _take_next(self, lane: Lane) -> Run:
+        """Under the lock: the queued run whose turn it is, fair across sessions: of the first
+        ``FAIR_SCAN`` in the queue, the one whose session was served longest ago (a session
+        never served first), FIFO among equals. A session that resubmits as soon as it is
+        served cannot keep another session's cell waiting for more than one frame."""
+        queue = lane.queue
+        served = self._served
+        best, best_at = 0, served.get(queue[0].scope[0], -1)
+        for index in range(1, min(len(queue), FAIR_SCAN)):
+            at = served.get(queue[index].scope[0], -1)
+            if at < best_at:
+                best, best_at = index, at
+        run = queue[best]
+        del queue[best]
+        return run
 
     def _next_in_pipeline(self, lane: Lane) -> None:
         """Under the lock: the worker answered its first frame; the next, if any, is the one it
