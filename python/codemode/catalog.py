@@ -31,7 +31,15 @@ import msgspec
 from .errors import ToolDefinitionError
 
 __all__ = [
+    "MAX_DESCRIPTION_CHARS",
+    "MAX_LABEL_CHARS",
+    "MAX_SCHEMA_BYTES",
+    "FunctionSchemas",
+    "bounded_schema",
+    "bounded_text",
+    "compile_input_validator",
     "compile_output_validator",
+    "describe_function",
     "inline_refs",
     "input_hint",
     "output_hint",
@@ -49,6 +57,19 @@ _MAX_REF_EXPANSIONS = 1000
 _MAX_SEARCH_FIELDS = 64
 _MAX_SEARCH_FIELD_CHARS = 200
 _MAX_ERROR_CHARS = 300
+
+#: Catalog text per tool. Every run's catalog crosses to its worker in one frame, so one tool's
+#: 70 MB description would fail every exec of the ``CodeMode``: text is cut (with a marker) and
+#: a schema over its bounds is left out (see :func:`bounded_schema`) when the tool is defined.
+MAX_DESCRIPTION_CHARS = 8192
+MAX_LABEL_CHARS = 200
+MAX_SCHEMA_BYTES = 256 << 10
+#: JSON nesting of one schema: the worker parses the catalog with a nesting limit of 128, and a
+#: schema sits 4 levels down in it.
+MAX_SCHEMA_DEPTH = 64
+#: An untrusted (MCP, client) schema is compiled into a host-side input check only when it is at
+#: most this big: compiling generates and runs code, and its cost grows with the schema.
+_MAX_CHECKED_SCHEMA_BYTES = 64 << 10
 
 _ELLIPSIS = "…"
 _FOLDED = "{ … }"
@@ -79,8 +100,26 @@ _PRIMITIVES = {"string": "string", "integer": "number", "number": "number", "boo
 # ---- schemas from Python functions -----------------------------------------------------------------
 
 
+class FunctionSchemas(typing.NamedTuple):
+    """What a tool function's signature says: its schemas and the type its input must convert to."""
+
+    input_schema: JsonSchema
+    output_schema: JsonSchema | None
+    #: The msgspec struct of the parameters (None when the signature cannot be read).
+    input_type: type | None
+    #: What a call with an input that is not an object passes it as (the tool's first argument):
+    #: the name of the first parameter, ``""`` for ``*args`` (any value), None if it cannot.
+    positional: str | None = None
+
+
 def schemas_from_function(fn: Callable[..., Any]) -> tuple[JsonSchema, JsonSchema | None]:
-    """``(input schema, output schema or None)`` for a tool function, both without ``$ref``.
+    """``(input schema, output schema or None)`` for a tool function (see :func:`describe_function`)."""
+    described = describe_function(fn)
+    return described.input_schema, described.output_schema
+
+
+def describe_function(fn: Callable[..., Any]) -> FunctionSchemas:
+    """The input and output schemas of a tool function, both without ``$ref``, and its input type.
 
     The input is a closed object of the parameters (open when the function takes ``*args`` or
     ``**kwargs``); parameters without a default are required. Annotations are read with
@@ -92,8 +131,14 @@ def schemas_from_function(fn: Callable[..., Any]) -> tuple[JsonSchema, JsonSchem
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # some builtins have no signature: accept any arguments
-        return {"type": "object", "additionalProperties": True}, None
+        return FunctionSchemas({"type": "object", "additionalProperties": True}, None, None)
     hints = _type_hints(fn)
+    first = next(iter(signature.parameters.values()), None)
+    positional = None
+    if first is not None and first.kind is first.VAR_POSITIONAL:
+        positional = ""
+    elif first is not None and first.kind in (first.POSITIONAL_ONLY, first.POSITIONAL_OR_KEYWORD):
+        positional = first.name
     fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
     rename: dict[str, str] = {}
     variadic = False
@@ -110,8 +155,9 @@ def schemas_from_function(fn: Callable[..., Any]) -> tuple[JsonSchema, JsonSchem
         elif param.default is None or isinstance(param.default, (str, int, float, bool)):
             fields.append((attr, annotation, param.default))  # a JSON scalar: shown as the schema default
         else:
-            # Other defaults may be mutable or not JSON; the struct is never built, so an unused
-            # factory marks the field optional without putting the value in the schema.
+            # Other defaults may be mutable or not JSON; the struct is only built to check an
+            # input, then dropped, so an unused factory marks the field optional without putting
+            # the value in the schema.
             fields.append((attr, annotation, msgspec.field(default_factory=object)))
     struct = msgspec.defstruct("Input", fields, kw_only=True, forbid_unknown_fields=not variadic, rename=rename)
     (root,), components = msgspec.json.schema_components([struct], schema_hook=_any_schema)
@@ -121,16 +167,16 @@ def schemas_from_function(fn: Callable[..., Any]) -> tuple[JsonSchema, JsonSchem
         input_schema["additionalProperties"] = True
     returns = hints.get("return", Any)
     if returns is Any:
-        return input_schema, None
+        return FunctionSchemas(input_schema, None, struct, positional)
     try:
         (root,), components = msgspec.json.schema_components([returns], schema_hook=_any_schema)
     except (TypeError, ValueError):
-        return input_schema, None
+        return FunctionSchemas(input_schema, None, struct, positional)
     for component in components.values():
         if component.get("type") == "object":
             component.setdefault("additionalProperties", False)  # see "Closed" in the module docstring
     output_schema = inline_refs({**root, "$defs": components})
-    return input_schema, output_schema or None
+    return FunctionSchemas(input_schema, output_schema or None, struct, positional)
 
 
 def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
@@ -638,3 +684,197 @@ def _error_message(error: fastjsonschema.JsonSchemaValueException, declared: set
     else:
         problem = f"violates {rule}" if rule else "is invalid"
     return _clip(f"{path} {problem}", _MAX_ERROR_CHARS)
+
+
+# ---- input validation ---------------------------------------------------------------------------
+
+
+def compile_input_validator(
+    schema: JsonSchema | None = None,
+    *,
+    input_type: type | None = None,
+    positional: str | None = None,
+    trusted: bool = True,
+) -> Callable[[Any], str | None] | None:
+    """A check of a tool's JSON-decoded input: None when valid, else ``<path>: <problem>``, the
+    path from ``$`` (``$.n: expected int, got str``). The guest made the input, so the message
+    may quote its keys.
+
+    ``input_type`` (a function's parameters as a msgspec struct) is checked by conversion, so the
+    type hints themselves decide (``Annotated`` constraints included); an input that is not an
+    object is the tool's first argument (see ``FunctionSchemas.positional``) and is checked as
+    that parameter. Otherwise ``schema`` is
+    compiled with fastjsonschema: a trusted (host) schema now, raising
+    :class:`ToolDefinitionError` if it cannot be compiled; an untrusted (MCP, client) one on
+    first use, and only if it is at most 64 KiB, has no ``patternProperties`` and compiles: its
+    ``pattern``s are dropped (a server's regular expression must not let a guest's string stall
+    the host), and a schema that cannot be used gets no host-side check (its server validates).
+    None when there is nothing to check with.
+    """
+    if input_type is not None:
+        return functools.partial(_convert_check, input_type, positional)
+    if not isinstance(schema, dict):
+        return None
+    if trusted:
+        validate = _compile_input_schema(schema)
+        return functools.partial(_schema_check, validate)
+    return _LazyInputCheck(schema)
+
+
+def _convert_check(input_type: type, positional: str | None, value: Any) -> str | None:
+    if not isinstance(value, dict) and positional is not None:
+        if not positional:
+            return None  # (``*args`` takes any value)
+        value = {positional: value}
+    try:
+        msgspec.convert(value, input_type)
+    except msgspec.ValidationError as e:
+        text, _, path = str(e).partition(" - at ")
+        return _clip(f"{path.strip('`') or '$'}: {_lower_first(text.replace('`', ''))}", _MAX_ERROR_CHARS)
+    return None
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:]
+
+
+def _compile_input_schema(schema: JsonSchema, *, strip_patterns: bool = False) -> Callable[[Any], Any]:
+    draft7 = _to_draft7(_without_patterns(schema) if strip_patterns else schema)
+    try:
+        return fastjsonschema.compile(draft7, handlers=_NoRemoteRefs(), use_default=False, use_formats=False)
+    except Exception as e:  # a code generator over arbitrary input: any failure means a bad schema
+        raise ToolDefinitionError(f"invalid input schema: {e}") from e
+
+
+def _schema_check(validate: Callable[[Any], Any], value: Any) -> str | None:
+    try:
+        validate(value)
+    except fastjsonschema.JsonSchemaValueException as e:
+        return _input_problem(e)
+    return None
+
+
+class _LazyInputCheck:
+    """An untrusted schema's check, compiled on first use (an MCP server may list hundreds of
+    tools a run never calls); a schema that cannot be used checks nothing."""
+
+    def __init__(self, schema: JsonSchema) -> None:
+        self._schema: JsonSchema | None = schema
+        self._validate: Callable[[Any], Any] | None = None
+
+    def __call__(self, value: Any) -> str | None:
+        schema = self._schema
+        if schema is not None:
+            # (Two threads may compile it at once: the same result, one kept.)
+            self._validate = _untrusted_validator(schema)
+            self._schema = None
+        validate = self._validate
+        return None if validate is None else _schema_check(validate, value)
+
+
+def _untrusted_validator(schema: JsonSchema) -> Callable[[Any], Any] | None:
+    try:
+        size = len(msgspec.json.encode(schema))
+    except Exception:  # (bounded_schema lets only JSON through; this is the last line)
+        return None
+    if size > _MAX_CHECKED_SCHEMA_BYTES or _has_key(schema, "patternProperties", 0):
+        return None
+    try:
+        return _compile_input_schema(schema, strip_patterns=True)
+    except ToolDefinitionError:
+        return None
+
+
+def _without_patterns(node: Any) -> Any:
+    if not isinstance(node, dict):
+        return node
+    out = _map_children(node, _without_patterns)
+    out.pop("pattern", None)
+    return out
+
+
+def _has_key(node: Any, key: str, depth: int) -> bool:
+    if not isinstance(node, dict) or depth > _MAX_DEPTH:
+        return False
+    return key in node or any(_has_key(child, key, depth + 1) for child in _children(node, skip=""))
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    for kinds, name in ((int, "int"), (float, "float"), (str, "str"), (dict, "object"), ((list, tuple), "array")):
+        if isinstance(value, kinds):
+            return name
+    return type(value).__name__
+
+
+def _input_problem(error: fastjsonschema.JsonSchemaValueException) -> str:
+    """``<path>: <problem>`` for an input (the guest's own keys may show)."""
+    path = "$"
+    for part in error.path[1:]:
+        path += f"[{part}]" if _INDEX.fullmatch(part) else f".{part}"
+    rule, definition = error.rule, error.rule_definition
+    if rule == "type":
+        kinds = definition if isinstance(definition, list) else [definition]
+        problem = f"expected {' or '.join(str(kind) for kind in kinds)}, got {_json_type(error.value)}"
+    elif rule == "required":
+        present = error.value if isinstance(error.value, dict) else {}
+        missing = [str(name) for name in definition or [] if name not in present]
+        problem = "object missing required field " + ", ".join(missing)
+    elif rule == "additionalProperties":
+        problem = "object has fields the schema does not declare"
+    elif rule in ("enum", "const"):
+        problem = "is not one of the declared values"
+    elif rule in ("anyOf", "oneOf"):
+        problem = "does not match the allowed shapes"
+    elif isinstance(definition, (int, float, str)) and not isinstance(definition, bool):
+        problem = f"violates {rule} {definition}"
+    else:
+        problem = f"violates {rule}" if rule else "is invalid"
+    return _clip(f"{path}: {problem}", _MAX_ERROR_CHARS)
+
+
+# ---- bounds on catalog text ---------------------------------------------------------------------
+
+
+def bounded_text(text: str, max_chars: int) -> str:
+    """``text`` cut to at most ``max_chars``, the cut marked with how much was left out."""
+    if len(text) <= max_chars:
+        return text
+    marker = f"… [{len(text) - max_chars} more characters cut]"
+    return text[: max(0, max_chars - len(marker))] + marker
+
+
+def bounded_schema(schema: JsonSchema | None) -> tuple[JsonSchema | None, str | None]:
+    """``(schema, None)`` if ``schema`` fits the catalog (JSON, at most 256 KiB and 64 levels
+    deep), else ``(a stand-in that accepts anything and says why, why)``."""
+    if not isinstance(schema, dict):
+        return schema, None
+    try:
+        size = len(msgspec.json.encode(schema))
+    except Exception as e:  # a value msgspec cannot encode, or one nested past the interpreter's limit
+        why = f"it is not JSON ({type(e).__name__})"
+    else:
+        if size > MAX_SCHEMA_BYTES:
+            why = f"it is {size} bytes, over the {MAX_SCHEMA_BYTES}-byte limit"
+        elif _nested_deeper(schema, MAX_SCHEMA_DEPTH):
+            why = f"it is nested deeper than {MAX_SCHEMA_DEPTH} levels"
+        else:
+            return schema, None
+    return {"description": f"(schema left out of the catalog: {why})"}, why
+
+
+def _nested_deeper(value: Any, limit: int) -> bool:
+    """Whether JSON ``value`` nests deeper than ``limit`` (iterative: any depth is safe)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, (list, tuple)) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False

@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from .catalog import input_hint
+import msgspec
 
-__all__ = ["McpNames", "camel_ident", "declarations", "mcp_names", "tool_declaration"]
+from .catalog import compile_input_validator, input_hint
+
+__all__ = ["McpNames", "camel_ident", "check_op_input", "declarations", "mcp_names", "tool_declaration"]
 
 _WORD = re.compile(r"[A-Za-z0-9]+")
 _RESERVED_MEMBERS = frozenset({"$api", "resources", "prompts"})
+#: Characters of a parameter name in a declaration's JSDoc (a server's schema keys are its own).
+_MAX_PARAM_CHARS = 100
 
 
 class _McpTool(Protocol):
@@ -104,6 +108,29 @@ def _api_path(server: str, ident: str, taken: set[str]) -> str:
     return path
 
 
+class _ReadResource(msgspec.Struct):
+    uri: str
+
+
+class _GetPrompt(msgspec.Struct):
+    name: str
+    arguments: dict[str, str] | None = None
+
+
+#: The inputs of ``MCP.<server>.resources/prompts`` requests, as the declarations below give them
+#: (``list()`` takes none).
+_OP_CHECKS: dict[str, Callable[[Any], str | None] | None] = {
+    "resources.read": compile_input_validator(input_type=_ReadResource),
+    "prompts.get": compile_input_validator(input_type=_GetPrompt),
+}
+
+
+def check_op_input(op: str, payload: Any) -> str | None:
+    """Why ``payload`` is not the input ``MCP.<server>.<op>`` declares (None if it is)."""
+    check = _OP_CHECKS.get(op)
+    return None if check is None else check(payload)
+
+
 def _safe_comment(text: str) -> str:
     """Untrusted MCP text inside a JSDoc comment: it must not be able to close the comment."""
     return text.replace("*/", "*\\/")
@@ -118,9 +145,8 @@ def _doc(description: str, schema: Mapping[str, Any] | None, indent: str) -> lis
         for key, prop in list(properties.items())[:32]:
             text = prop.get("description") if isinstance(prop, Mapping) else None
             if isinstance(text, str) and text.strip():
-                lines.append(
-                    f"{indent} * @param {_safe_comment(key)} {_safe_comment(text.strip().splitlines()[0][:200])}"
-                )
+                name = _safe_comment(str(key)[:_MAX_PARAM_CHARS])
+                lines.append(f"{indent} * @param {name} {_safe_comment(text.strip().splitlines()[0][:200])}")
     lines.append(f"{indent} */")
     return lines
 

@@ -16,6 +16,7 @@ import asyncio
 import functools
 import hashlib
 import inspect
+import logging
 import re
 import threading
 import time
@@ -27,7 +28,7 @@ import msgspec
 from . import catalog
 from .errors import ToolDefinitionError
 from .hotloop import HotLoop
-from .mcp_api import declarations, mcp_names, tool_declaration
+from .mcp_api import check_op_input, declarations, mcp_names, tool_declaration
 from .namespaces import CallTable
 from .policy import Approver, Block, Hook, HookResult, Policy, Rewrite, ToolCallEvent, Trace, TraceEvent
 
@@ -50,6 +51,17 @@ McpOps = Callable[[str, str, Any], Awaitable[Any]]
 LoopRef = Callable[[], asyncio.AbstractEventLoop]
 _encode = msgspec.json.encode
 _decode = msgspec.json.decode
+_log = logging.getLogger(__name__)
+#: Bytes of one tool result's JSON: the engine's ``max_bridge_bytes`` (its default, which every
+#: worker uses). A bigger result fails its call here, before it is put in a settle frame.
+MAX_BRIDGE_BYTES = 16 << 20
+#: Characters of one failed call's message (a tool may raise with a 70 MB message).
+MAX_ERROR_CHARS = 4096
+#: An MCP or client tool's input is checked in the host up to this size (its schema is compiled
+#: Python, slow on big inputs); a bigger one goes on, and its server checks it.
+_UNTRUSTED_CHECK_CHARS = 1 << 20
+#: Characters of an unreachable MCP server's reason in the catalog.
+_MAX_REASON_CHARS = 1000
 
 
 class Tool(msgspec.Struct, frozen=True, kw_only=True):
@@ -71,6 +83,8 @@ class Tool(msgspec.Struct, frozen=True, kw_only=True):
     input_hint: str = "unknown"
     output_hint: str | None = None
     fields: tuple[str, ...] = ()
+    #: Checks a call's input before anything else sees it: None if valid, else the problem.
+    check_input: Callable[[Any], str | None] | None = None
     check_output: Callable[[Any], str | None] | None = None
     #: The event loop an async tool must run on (MCP tools: their client's loop), if not the run's.
     loop: Callable[[], asyncio.AbstractEventLoop] | None = None
@@ -124,24 +138,34 @@ def define_tool(
         # The model sees exactly one `exec` and one `wait` and no tool-search controls, and the
         # core names are the control tools themselves. A plugin's shell `exec` is catalogued.
         raise ToolDefinitionError(f"{name!r} is a code mode control tool name")
-    if source == "host" and (input_schema is None or output_schema is None):
+    trusted = source == "host"
+    input_type = positional = None
+    if trusted and (input_schema is None or output_schema is None):
         try:
-            derived_input, derived_output = catalog.schemas_from_function(fn)
+            derived = catalog.describe_function(fn)
         except (TypeError, ValueError, NameError) as e:
             raise ToolDefinitionError(f"tool {name}: cannot derive schemas from its signature: {e}") from None
-        input_schema = derived_input if input_schema is None else input_schema
-        output_schema = derived_output if output_schema is None else output_schema
-    trusted = source == "host"
+        if input_schema is None:
+            input_schema, input_type, positional = derived.input_schema, derived.input_type, derived.positional
+        output_schema = derived.output_schema if output_schema is None else output_schema
+    input_schema = _bounded_schema(name, "input", input_schema, trusted)
+    output_schema = _bounded_schema(name, "output", output_schema, trusted)
+    try:
+        check_input = catalog.compile_input_validator(
+            input_schema, input_type=input_type, positional=positional, trusted=trusted
+        )
+    except ToolDefinitionError as e:
+        raise ToolDefinitionError(f"tool {name}: {e}") from None
     doc = description if description is not None else inspect.getdoc(fn) or ""
     return Tool(
         id=f"{source}:{owner}:{name}",
         name=name,
-        description=doc.strip(),
+        description=catalog.bounded_text(doc.strip(), catalog.MAX_DESCRIPTION_CHARS),
         fn=fn,
         is_async=inspect.iscoroutinefunction(fn),
         source=source,
         owner=owner,
-        label=label,
+        label=catalog.bounded_text(label, catalog.MAX_LABEL_CHARS) if label else label,
         read_only=read_only,
         direct_only=direct_only,
         input_schema=input_schema,
@@ -149,9 +173,20 @@ def define_tool(
         input_hint=catalog.input_hint(input_schema) if trusted else "unknown",
         output_hint=catalog.output_hint(output_schema) if trusted else None,
         fields=tuple(catalog.search_fields(input_schema, output_schema)) if trusted else (),
+        check_input=check_input,
         check_output=catalog.compile_output_validator(output_schema) if trusted and output_schema else None,
         loop=loop,
     )
+
+
+def _bounded_schema(name: str, kind: str, schema: dict[str, Any] | None, trusted: bool) -> dict[str, Any] | None:
+    """``schema`` if the catalog can carry it. An untrusted one over the bounds is replaced by a
+    stand-in that says why (one server's schema must not fail every exec); the host's own is its
+    contract and is refused."""
+    bounded, why = catalog.bounded_schema(schema)
+    if why is not None and trusted:
+        raise ToolDefinitionError(f"tool {name}: its {kind} schema cannot be catalogued: {why}")
+    return bounded
 
 
 class CatalogView(msgspec.Struct, frozen=True):
@@ -245,7 +280,11 @@ class ToolRegistry:
                 for server in self._mcp_servers
                 if server in shown or (server not in with_tools and policy.permits(f"mcp:{server}:*", "*"))
             ]
-            unavailable = {s: r for s in servers if s not in with_tools and (r := self._mcp_servers[s]) is not None}
+            unavailable = {
+                s: catalog.bounded_text(r, _MAX_REASON_CHARS)
+                for s in servers
+                if s not in with_tools and (r := self._mcp_servers[s]) is not None
+            }
             names = mcp_names(servers, mcp)
             entries = []
             for tool in tools.values():
@@ -276,30 +315,50 @@ class ToolRegistry:
 
 
 class BackgroundLoop:
-    """A private event loop thread for ``async`` tools called from synchronous ``exec``."""
+    """A private event loop thread for ``async`` tools called from synchronous ``exec``.
+
+    Every session's async tools share it, so no tool may end it: each call is guarded (see
+    `Dispatcher._start`), and a ``SystemExit``/``KeyboardInterrupt`` that a tool's own callback
+    raises out of the loop (``loop.call_soon(sys.exit)``) is logged and the loop runs on.
+    """
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._closed: threading.Event | None = None
         self._lock = threading.Lock()
 
     def get(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:
                 loop = HotLoop()  # a loop reader answers workers from it (see `hotloop`)
-                thread = threading.Thread(target=loop.run_forever, name="codemode-tools", daemon=True)
+                closed = threading.Event()
+                thread = threading.Thread(target=_serve, args=(loop, closed), name="codemode-tools", daemon=True)
                 thread.start()
-                self._loop, self._thread = loop, thread
+                self._loop, self._thread, self._closed = loop, thread, closed
             return self._loop
 
     def close(self) -> None:
         with self._lock:
-            loop, thread = self._loop, self._thread
-            self._loop = self._thread = None
-        if loop is not None and thread is not None:
+            loop, thread, closed = self._loop, self._thread, self._closed
+            self._loop = self._thread = self._closed = None
+        if loop is not None and thread is not None and closed is not None:
+            closed.set()
             loop.call_soon_threadsafe(loop.stop)
             thread.join(5)
             loop.close()
+
+
+def _serve(loop: asyncio.AbstractEventLoop, closed: threading.Event) -> None:
+    """Runs ``loop`` until ``closed``: neither a tool that stops it nor one whose callback
+    raises out of it ends it."""
+    while True:
+        try:
+            loop.run_forever()
+        except BaseException:
+            _log.exception("codemode: a tool's callback raised out of the tools' event loop")
+        if closed.is_set():
+            return
 
 
 class Gate(msgspec.Struct, frozen=True):
@@ -350,20 +409,94 @@ class _Plan(NamedTuple):
     inline: bool = False
 
 
-def _error_message(tool_id: str, exc: BaseException) -> str:
+#: The C slot behind ``cls.__name__``: a metaclass cannot make reading it run code.
+_TYPE_NAME = type.__dict__["__name__"]
+
+
+def _error_message(label: str, exc: BaseException) -> str:
+    """A failed call's message from ``exc``: bounded, whatever its ``__str__`` does (raise,
+    return something odd or 70 MB)."""
+    text = _exception_text(exc)
     if isinstance(exc, Refused):
-        return f"tool {tool_id}: {exc}"
-    text = str(exc)
-    kind = type(exc).__name__
-    return f"tool {tool_id} failed: {kind}: {text}" if text else f"tool {tool_id} failed: {kind}"
+        return _bounded_error(f"tool {label}: {text}")
+    kind = _TYPE_NAME.__get__(type(exc))
+    return _bounded_error(f"tool {label} failed: {kind}: {text}" if text else f"tool {label} failed: {kind}")
+
+
+def _exception_text(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except BaseException:  # (its own __str__ raised, or returned a non-str)
+        return "(its message could not be read)"
+    # The base slice gives an exact str of bounded size, whatever a str subclass overrides.
+    return str.__getitem__(text, slice(None, MAX_ERROR_CHARS + 1))
+
+
+def _bounded_error(message: str) -> str:
+    """``message`` cut to ``MAX_ERROR_CHARS``, its lone surrogates replaced (a frame must encode)."""
+    message = catalog.bounded_text(message, MAX_ERROR_CHARS)
+    return message if message.isascii() else message.encode("utf-8", "replace").decode("utf-8")
+
+
+def _planning_failure(subject: str, exc: BaseException) -> str:
+    """Why a call failed before it started: what a guest value did to decoding or checking it."""
+    if isinstance(exc, RecursionError):
+        return f"{subject}: input is nested too deeply"
+    if isinstance(exc, MemoryError):
+        return f"{subject}: input is too large for the host"
+    return _bounded_error(f"{subject} failed: {_TYPE_NAME.__get__(type(exc))}: {_exception_text(exc)}")
+
+
+def result_bytes(result: Result) -> int:
+    """The UTF-8 size of a result's payload: what it adds to a settle frame (plus a few bytes
+    of msgpack framing per result)."""
+    payload = result[2]
+    return len(payload) if payload.isascii() else len(payload.encode("utf-8", "replace"))
+
+
+def _admitted(result: Result) -> tuple[Result, int]:
+    """``result`` as it may cross to a worker, with its size: a payload over the bridge limit
+    becomes that call's error, an error message is bounded."""
+    call_id, ok, payload = result
+    if ok:
+        size = result_bytes(result)
+        if size <= MAX_BRIDGE_BYTES:
+            return result, size
+        payload = _OVER_BRIDGE
+    failed = (call_id, False, _bounded_error(payload))
+    return failed, result_bytes(failed)
 
 
 #: A call's input not yet decoded from its JSON.
 _UNDECODED: Any = object()
 
 
+#: The engine's words for a result over the bridge limit (one limit, one message).
+_OVER_BRIDGE = f"tool result is larger than the bridge limit ({MAX_BRIDGE_BYTES} bytes)"
+
+
+def _encode_result(label: str, value: Any) -> bytes | str:
+    """A result's JSON, encoded once; or the message of the call's failure if it cannot cross."""
+    try:
+        payload = _encode(value)
+    except RecursionError:
+        return f"{label} returned a value that is nested too deeply for JSON"
+    except (TypeError, ValueError, msgspec.EncodeError) as e:
+        return f"{label} returned a value that is not JSON: {_exception_text(e)}"
+    return _OVER_BRIDGE if len(payload) > MAX_BRIDGE_BYTES else payload
+
+
 def _args(value: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return ((), value) if isinstance(value, dict) else ((value,), {})
+
+
+def _subject(tool_id: str) -> str:
+    """How a failed call names what it called, before its tool is known."""
+    if tool_id == MCP_TOOL:
+        return "MCP call"
+    if tool_id == NAMESPACE_TOOL:
+        return "namespace call"
+    return f"tool {catalog.bounded_text(tool_id, 200)}"
 
 
 class Dispatcher:
@@ -400,7 +533,8 @@ class Dispatcher:
         self.parent = ""
         #: Namespace calls arrive under a marker id; this maps their call ids to the real tool.
         self.resolved: dict[int, str] = {}
-        self._ready: list[Result] = []
+        #: Results ready to hand over, each with its payload's size (`result_bytes`).
+        self._ready: list[tuple[Result, int]] = []
         self._lock = threading.Lock()
         #: Set when results land, while `wait_ready` waits (host-side calls only).
         self._landed: threading.Event | None = None
@@ -430,26 +564,30 @@ class Dispatcher:
     def submit(self, calls: list[tuple[int, str, str]]) -> Callable[[], None] | None:
         """Starts the calls: async ones on their loop; calls that fail before a tool runs are
         answered at once. Returns what runs the sync tools among them (each result lands as
-        any other), for the caller to run on a thread of its choosing; None if there are none."""
+        any other), for the caller to run on a thread of its choosing; None if there are none.
+
+        Never raises: a guest value reaches the host here, and whatever decoding, mapping or
+        checking it does (RecursionError, MemoryError, a mapper's own exception) fails its call."""
         inline: list[Callable[[], Result | None]] = []
         answered: list[Result] = []
         for call in calls:
+            call_id, tool_id, _ = call
             try:
                 plan = self._plan(*call)
-            except Exception as e:  # a guest input no decoder or mapper could take
-                plan = self._answer(call[0], None, _error_message(call[1] if call[1][:1] != "\x00" else "call", e))
+            except BaseException as e:  # the one guard over a guest value's way into the host
+                plan = self._answer(call_id, None, _planning_failure(_subject(tool_id), e))
             if plan.resolved is not None:
-                self.resolved[call[0]] = plan.resolved
+                self.resolved[call_id] = plan.resolved
             if plan.inline:
                 inline.append(plan.run)
                 continue
             try:
                 result = plan.run()
-            except Exception as e:  # its loop is closed or gone: it fails, nothing stays in flight
+            except BaseException as e:  # its loop is closed or gone: it fails, nothing stays in flight
                 with self._lock:
-                    self._futures.pop(call[0], None)
-                    self._loops.pop(call[0], None)
-                result = (call[0], False, _error_message(plan.resolved or "call", e))
+                    self._futures.pop(call_id, None)
+                    self._loops.pop(call_id, None)
+                result = (call_id, False, _error_message(plan.resolved or "call", e))
             if result is not None:
                 answered.append(result)
         if answered:
@@ -463,7 +601,7 @@ class Dispatcher:
         self.add_ready(results)
 
     def _plan(self, call_id: int, tool_id: str, input_json: str) -> _Plan:
-        """How one call starts (nothing is started or recorded here)."""
+        """How one call starts (nothing is started or recorded here); `submit` guards it."""
         via_mcp = tool_id == MCP_TOOL
         resolved = None
         args: Any = _UNDECODED
@@ -477,18 +615,15 @@ class Dispatcher:
             except (msgspec.DecodeError, KeyError, TypeError, AttributeError):
                 return self._answer(call_id, None, "malformed MCP call")
             if "id" not in request:
-                ops = self._mcp_ops
-                if ops is None or server not in self.view.mcp_servers or op not in MCP_OPS:
-                    return self._answer(call_id, None, f"unknown MCP request {server}.{op}")
-                label = f"mcp:{server}:{op}"
-                make = functools.partial(ops, server, op, payload)
-                return _Plan(None, lambda: self._start_coroutine(call_id, label, make))
+                return self._plan_mcp_op(call_id, server, op, payload)
             resolved = tool_id
         if tool_id == NAMESPACE_TOOL:
             try:
                 tool_id, mapped = self._namespace_target(input_json)
                 args = _decode(_encode(mapped))  # the tool sees JSON, as from any other call
-            except Exception as e:
+            except (RecursionError, MemoryError):
+                raise  # a guest value the host cannot hold: `submit` says so
+            except BaseException as e:  # refused, or the host's input mapper failed
                 return self._answer(call_id, None, _error_message("namespace", e))
             resolved = tool_id
         tool = self.view.tools.get(tool_id)
@@ -503,9 +638,27 @@ class Dispatcher:
                 args = _decode(input_json)
             except msgspec.DecodeError:
                 return self._answer(call_id, resolved, f"tool {tool_id}: input is not valid JSON")
+        if tool.check_input is not None and (tool.source == "host" or len(input_json) <= _UNTRUSTED_CHECK_CHARS):
+            problem = tool.check_input(args)
+            if problem is not None:
+                return self._answer(call_id, resolved, f"invalid input for tool {tool_id}: {problem}")
         if tool.is_async or self._gate_is_async:
             return _Plan(resolved, lambda: self._start_async(call_id, tool, args))
         return _Plan(resolved, lambda: self._run_sync(call_id, tool, args), inline=True)
+
+    def _plan_mcp_op(self, call_id: int, server: str, op: str, payload: Any) -> _Plan:
+        """An ``MCP.<server>.resources/prompts`` request: its input is checked against what the
+        declarations promise (`mcp_api.OP_INPUTS`) before it goes to the server."""
+        ops = self._mcp_ops
+        ident = self.view.mcp_servers.get(server)
+        if ops is None or ident is None or op not in MCP_OPS:
+            return self._answer(call_id, None, f"unknown MCP request {server}.{op}")
+        problem = check_op_input(op, payload)
+        if problem is not None:
+            return self._answer(call_id, None, f"invalid input for MCP.{ident}.{op}: {problem}")
+        label = f"mcp:{server}:{op}"
+        make = functools.partial(ops, server, op, payload)
+        return _Plan(None, lambda: self._start_coroutine(call_id, label, make))
 
     def _answer(self, call_id: int, resolved: str | None, message: str) -> _Plan:
         """A call answered at once with an error ``message``."""
@@ -551,17 +704,16 @@ class Dispatcher:
             args = self._gate_sync(tool, args)
             positional, keywords = _args(args)
             result = self._finish(call_id, tool, tool.fn(*positional, **keywords))
-        except Exception as e:
+        except BaseException as e:  # a hook or tool fails its own call, whatever it raises
             result = (call_id, False, _error_message(tool.id, e))
         self._record(call_id, tool.id, started, result[1])
         return result
 
     def _finish(self, call_id: int, tool: Tool, value: Any) -> Result:
         """Checks the output contract, then encodes; neither message echoes the value."""
-        try:
-            payload = _encode(value)
-        except (TypeError, ValueError, msgspec.EncodeError) as e:
-            return (call_id, False, f"tool {tool.id} returned a value that is not JSON: {e}")
+        payload = _encode_result(f"tool {tool.id}", value)
+        if isinstance(payload, str):
+            return (call_id, False, payload)
         if tool.check_output is not None:
             problem = tool.check_output(_decode(payload))
             if problem is not None:
@@ -597,10 +749,9 @@ class Dispatcher:
 
     def _start_coroutine(self, call_id: int, label: str, make: Callable[[], Awaitable[Any]]) -> None:
         async def call() -> Result:
-            try:
-                payload = _encode(await make())
-            except (TypeError, ValueError, msgspec.EncodeError) as e:
-                return (call_id, False, f"{label} returned a value that is not JSON: {e}")
+            payload = _encode_result(label, await make())
+            if isinstance(payload, str):
+                return (call_id, False, payload)
             return (call_id, True, payload.decode())
 
         self._start(call_id, label, call, None)
@@ -619,7 +770,12 @@ class Dispatcher:
             # Delivers from inside the task: no extra loop iterations for future callbacks.
             try:
                 result = await call()
-            except Exception as e:
+            except asyncio.CancelledError as e:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # the host cancels it (`cancel`, its loop shutting down): nobody waits
+                result = (call_id, False, _error_message(label, e))  # the tool raised it itself
+            except BaseException as e:  # it fails its own call; the loop (shared) goes on
                 result = (call_id, False, _error_message(label, e))
             self._deliver(call_id, label, started, result)
 
@@ -660,11 +816,14 @@ class Dispatcher:
         self.add_ready([result])
 
     def add_ready(self, results: list[Result]) -> None:
-        """Results to hand to the run (tools', or ``yield_control``'s); tells the listener."""
+        """Results to hand to the run (tools', or ``yield_control``'s); tells the listener.
+        Every result passes here: one over the bridge limit becomes its call's error, and an
+        error message is bounded (see `_admitted`), so no result can overflow a frame."""
         if not results:
             return
+        admitted = [_admitted(result) for result in results]
         with self._lock:
-            self._ready.extend(results)
+            self._ready.extend(admitted)
             landed, listener = self._landed, self.listener
         if landed is not None:
             landed.set()
@@ -674,22 +833,34 @@ class Dispatcher:
     def requeue(self, results: list[Result]) -> None:
         """Puts back results taken with ``take_ready`` that were never delivered (first, in
         their order; the listener is not told: whoever put them back goes on with them)."""
+        sized = [(result, result_bytes(result)) for result in results]
         with self._lock:
-            self._ready[:0] = results
+            self._ready[:0] = sized
 
     def ready_bytes(self) -> int:
-        """The size of the results ready to hand over (their payloads)."""
+        """The UTF-8 size of the payloads of the results ready to hand over (see `result_bytes`)."""
         with self._lock:
-            return sum(len(payload) for _, _, payload in self._ready)
+            return sum(size for _, size in self._ready)
 
     def has_ready(self) -> bool:
         with self._lock:
             return bool(self._ready)
 
-    def take_ready(self) -> list[Result]:
+    def take_ready(self, max_bytes: int | None = None) -> list[Result]:
+        """The ready results, in order; with ``max_bytes``, only the first ones whose payloads
+        total at most that (and at least one): the rest stay ready for the next frame."""
         with self._lock:
-            ready, self._ready = self._ready, []
-        return ready
+            if max_bytes is None:
+                taken, self._ready = self._ready, []
+            else:
+                count, total = 0, 0
+                for _, size in self._ready:
+                    total += size
+                    if count and total > max_bytes:
+                        break
+                    count += 1
+                taken, self._ready = self._ready[:count], self._ready[count:]
+        return [result for result, _ in taken]
 
     def wait_ready(self, deadline: float) -> list[Result]:
         """The results ready now or, if none, the first to finish before ``deadline``
@@ -699,7 +870,7 @@ class Dispatcher:
             with self._lock:
                 if self._ready or not self._futures:
                     ready, self._ready = self._ready, []
-                    return ready
+                    return [result for result, _ in ready]
             timeout = deadline - time.monotonic()
             if timeout <= 0:
                 return []
