@@ -33,10 +33,16 @@ __all__ = [
     "WorkerFrame",
     "decode_guest_json",
     "encode",
+    "too_heavy",
 ]
 
 #: Cap on one frame in either direction (tool results and cell sources included).
 MAX_FRAME_BYTES = 64 << 20
+
+#: Arrays and objects one guest value may decode to in the host. JSON as small as ``[[],[]]``
+#: costs the host ~25x its size in Python objects (and the collector's time over them): a value
+#: is weighed before it is decoded, so a few MB of it cannot cost the host GBs and seconds.
+MAX_VALUE_CONTAINERS = 1 << 18
 
 _HEADER = struct.Struct(">I")
 
@@ -203,6 +209,18 @@ def write_all(fd: int, data: bytes) -> None:
 
 host_decoder = msgspec.msgpack.Decoder(HostFrame)
 worker_decoder = msgspec.msgpack.Decoder(WorkerFrame)
+
+
+def too_heavy(text: str) -> str | None:
+    """Why the guest JSON ``text`` may not be decoded here (it would build more than
+    ``MAX_VALUE_CONTAINERS`` arrays and objects), or None. Counting brackets overcounts those
+    inside strings: only a value near the limit can be refused for them."""
+    if len(text) < 2 * MAX_VALUE_CONTAINERS:
+        return None  # too short to hold that many
+    count = text.count("[") + text.count("{")
+    if count <= MAX_VALUE_CONTAINERS:
+        return None
+    return f"a value of {count} arrays and objects (the host decodes at most {MAX_VALUE_CONTAINERS} per value)"
 
 
 def decode_guest_json(text: str | bytes) -> Any:

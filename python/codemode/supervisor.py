@@ -56,7 +56,7 @@ from . import protocol
 from ._engine import YIELD_TOOL
 from .errors import ClosedError, ProtocolError, WorkerCrashed
 from .hotloop import HotLoop, watch
-from .protocol import Configure, Drop, Fault, Ready, Replay, Report, Settle, Start, decode_guest_json
+from .protocol import Configure, Drop, Fault, Ready, Replay, Report, Settle, Start, decode_guest_json, too_heavy
 from .runs import JournalCall, Phase, Run, Step, input_hash, utf8_len
 from .workers import READER_THREAD, WORKER_ADDRESS_SLACK, Inflight, Lane, WorkerProcess
 
@@ -232,9 +232,16 @@ def _send_drop(lane: Lane, run: Run, out: Out) -> None:
     out.append(functools.partial(lane.worker.send, [Drop(run.engine_run)], time.monotonic() + KILL_GRACE_S))
 
 
-def _decoded(report: Report) -> tuple[list[tuple[int, Any]], Any, Any]:
+def _decoded(report: Report) -> tuple[list[tuple[int, Any]], Any, Any] | str:
     """The guest JSON of a report, decoded (a ``ProtocolError`` if it is not JSON), outside the
-    lock: outputs, the value, the store writes."""
+    lock: outputs, the value, the store writes; or why it is too heavy to decode (the run
+    fails, its worker is not to blame)."""
+    texts = [text for kind, text in report.outputs if kind == 1]
+    texts.extend(text for text in (report.value, report.store_writes) if text is not None)
+    for text in texts:
+        heavy = too_heavy(text)
+        if heavy is not None:
+            return f"code mode result is too heavy for the host: {heavy}."
     outputs: list[tuple[int, Any]] = [
         (kind, decode_guest_json(text) if kind == 1 else text) for kind, text in report.outputs
     ]
@@ -709,6 +716,12 @@ class Supervisor:
     def _reported(self, lane: Lane, run: Run, report: Report, decoded: Any, out: Out) -> None:
         journal, step = run.journal, run.step
         run.placements = 0  # it got somewhere: a later death is a new one
+        if isinstance(decoded, str):
+            if report.status == "pending":
+                _send_drop(lane, run, out)
+            self._forget(run)
+            self._end(run, "failed", out, failure=_failed("output_limit_exceeded", "OutputLimitError", decoded))
+            return
         outputs, value, writes = decoded
         step.reports += 1
         step.searches += report.searches

@@ -13,6 +13,7 @@ import msgspec
 import pytest
 from codemode import CodeMode, CodemodeError
 from codemode.config import BOUNDS, load_config
+from codemode.protocol import MAX_VALUE_CONTAINERS
 from codemode.runs import Journal
 from codemode.session import MAX_SOURCE_CHARS
 
@@ -290,4 +291,26 @@ def test_a_store_over_its_total_at_commit_reports_the_store_error(make_codemode)
     assert (second["status"], second["code"]) == ("failed", "invalid_input"), second
     assert second["error"].startswith("store commit refused: stored keys and values would total")
     assert exec_(cm.session("s"), "return [load('a0') !== undefined, load('b0')]")["value"] == [True, None]
+    recovers(cm)
+
+
+# ---- item 8: a value is weighed before the host decodes it -----------------------------------
+@pytest.mark.parametrize(
+    "tail",
+    ["return a", "json(a); return 1", "store('k', a); return 1", "return {nested: {a}}"],
+    ids=["return", "json-output", "store", "nested-return"],
+)
+def test_a_value_of_too_many_arrays_fails_the_run_before_the_host_decodes_it(make_codemode, tail):
+    cm = make_codemode({"workers": 1, "maxOutputBytes": 10 * MiB, "memoryLimitBytes": 256 * MiB})
+    pids = cm._supervisor.worker_pids()
+    code = f"let a = []; for (let i = 0; i < {MAX_VALUE_CONTAINERS + 10}; i++) a.push([]); {tail}"
+    result = exec_(cm.session(), code)
+    if tail.startswith("store"):  # a store value has its own, smaller, limit in the guest
+        assert result["status"] == "failed", result
+    else:
+        assert (result["status"], result["code"]) == ("failed", "output_limit_exceeded"), result
+        assert result["error"].startswith("code mode result is too heavy for the host: a value of")
+    assert cm._supervisor.worker_pids() == pids  # the worker did nothing wrong
+    under = f"let a = []; for (let i = 0; i < {MAX_VALUE_CONTAINERS // 2}; i++) a.push([]); return a.length"
+    assert exec_(cm.session(), under)["value"] == MAX_VALUE_CONTAINERS // 2
     recovers(cm)
