@@ -2,7 +2,7 @@
 
     codemode exec cell.ts --tools myapp.tools:register
     codemode exec cell.js --demo
-    codemode serve --config servers.json [--tools module:attr] [--http PORT]
+    codemode serve --config servers.json [--tools module:attr] [--http PORT [--token-file PATH]]
 
 ``--tools module:attr`` names either a callable taking the ``CodeMode`` (it registers tools)
 or an iterable of functions (each becomes a tool).
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .session import CodeMode
+from .store import SqliteStore
 
 __all__ = ["main"]
 
@@ -43,25 +45,30 @@ def _load_tools(cm: CodeMode, spec: str) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .serve import build_server, load_servers_config
+    from .serve import load_servers_config, read_token, serve_http, serve_stdio
 
     config: dict[str, Any] = {"enabled": True}
     try:
+        if args.token_file is not None and args.http is None:
+            raise ConfigError("--token-file needs --http (over stdio there is no listener to guard)")
+        # Read before anything starts; a stdio server ignores $CODEMODE_SERVE_TOKEN.
+        token = read_token(args.token_file, os.environ) if args.http is not None else None
         if args.config is not None:
             config["mcpServers"] = load_servers_config(args.config)
-        cm = CodeMode(config)
+        # Over HTTP the server deletes a departed client's stored values, so it holds the store.
+        store = SqliteStore() if args.http is not None else None
+        cm = CodeMode(config, store=store)
     except ConfigError as e:
-        # A malformed file or server entry: its message names the server and the key.
+        # A malformed file, server entry or token: its message names the server, key or problem.
         raise SystemExit(f"codemode serve: {e}") from None
     with cm:
         for spec in args.tools:
             _load_tools(cm, spec)
         cm.load_mcp_tools()
-        server = build_server(cm, cm.session("serve"))
-        if args.http is not None:
-            server.run("streamable-http", host="127.0.0.1", port=args.http)
+        if store is not None:
+            serve_http(cm, store, args.http, token)
         else:
-            server.run("stdio")
+            serve_stdio(cm)
     return 0
 
 
@@ -77,6 +84,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--config", type=Path, help="an MCP client config file with `mcpServers`")
     serve.add_argument("--tools", action="append", default=[], metavar="MODULE:ATTR", help="register tools")
     serve.add_argument("--http", type=int, metavar="PORT", help="streamable HTTP on 127.0.0.1:PORT instead of stdio")
+    serve.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="PATH",
+        help="with --http: demand `Authorization: Bearer <the token in PATH>` (or set $CODEMODE_SERVE_TOKEN)",
+    )
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
