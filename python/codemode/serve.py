@@ -193,10 +193,11 @@ class HttpClients:
     A client's session is made at its first ``exec``/``wait`` and released (its suspended runs
     cancelled, its stored values deleted) when its MCP session ends or has expired: the SDK ends
     it at a DELETE and expires it ``idle_timeout`` after its last request (an open GET stream
-    counts); this table sees the same requests (through ``tracked``) and releases the session
-    ``expire_after_s`` after them. So the table holds the SDK's open sessions plus the ones it
-    expired in the last margin: however often clients connect, it is bounded by the SDK's own
-    session limit. It is touched only from the server's event loop.
+    counts); this table sees the same requests (through ``tracked``), and a new client's first
+    call releases every session idle for ``expire_after_s``. So the table holds the SDK's open
+    sessions plus the ones it expired since the last new client arrived: however often clients
+    connect, it is bounded by the SDK's own session limit (twice over at most). It is touched
+    only from the server's event loop.
     """
 
     def __init__(self, cm: CodeMode, store: Store, *, expire_after_s: float) -> None:
