@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from .catalog import MAX_DESCRIPTION_CHARS, bounded_text
 from .errors import ToolDefinitionError
 
 __all__ = ["NamespaceRegistration", "NamespaceTool", "Namespaces", "ScopeContext", "namespace_tool"]
@@ -55,6 +56,9 @@ def guest_globals() -> frozenset[str]:
 
 
 _MAX_DEPTH = 32
+#: JSON bytes of one run's scope of a namespace: it crosses to the worker with every run that
+#: sees the namespace, so a bigger one is refused at registration and hidden at run time.
+MAX_SCOPE_BYTES = 1 << 20
 
 
 class NamespaceTool(msgspec.Struct, frozen=True):
@@ -152,7 +156,17 @@ class Namespaces:
             raise ToolDefinitionError(f"namespace {registration.id!r} must name the tools it requires")
         # Probe the scope once now: raw functions, cycles and bad keys are refused at registration.
         probe = ScopeContext(session_id="", plugin_id=plugin_id, config=registration.config)
-        _serialize(registration.create_scope(probe), "", registration.required_tool_names, {}, [])
+        scope = _serialize(registration.create_scope(probe), "", registration.required_tool_names, {}, [])
+        size = len(msgspec.json.encode(scope))
+        if size > MAX_SCOPE_BYTES:
+            why = f"its scope is {size} bytes of JSON, over the {MAX_SCOPE_BYTES}-byte limit"
+            raise ToolDefinitionError(f"namespace {registration.id!r}: {why}")
+        # Every run that sees it carries its text, as a tool's description (bounded alike).
+        registration = msgspec.structs.replace(
+            registration,
+            description=bounded_text(registration.description, MAX_DESCRIPTION_CHARS),
+            prompt=bounded_text(registration.prompt, MAX_DESCRIPTION_CHARS) if registration.prompt else None,
+        )
         with self._lock:
             for other in self._items.values():
                 if other.registration.global_name == name and other.registration.id != registration.id:
@@ -203,7 +217,10 @@ class Namespaces:
             markers: dict[str, NamespaceTool] = {}
             try:
                 scope = _serialize(reg.create_scope(ctx), "", reg.required_tool_names, markers, [])
+                hidden = len(msgspec.json.encode(scope)) > MAX_SCOPE_BYTES
             except Exception:
+                hidden = True
+            if hidden:
                 # A scope that fails or breaks the rules at run time is hidden for this run, never
                 # half-installed, and never takes the other cells of the CodeMode down with it.
                 continue
