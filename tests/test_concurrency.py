@@ -295,19 +295,26 @@ def test_max_runs_per_worker_and_max_worker_memory_bytes_default_and_clamp(make_
 
 
 @pytest.mark.timeout(60)
-def test_an_exec_interrupted_while_it_reads_its_worker_leaves_the_worker_to_the_next_cells():
-    """A sync tool raises KeyboardInterrupt (as a Ctrl-C in the caller would) while its caller
-    reads the worker: the interrupt reaches the caller, and the next cells on that one worker
-    run (its reading went back to the lane's thread, the run was dropped)."""
+@pytest.mark.parametrize("quick_first", [False, True], ids=["unknown-tool", "known-quick-tool"])
+def test_a_sync_tool_raising_keyboard_interrupt_fails_only_its_call(quick_first):
+    """A sync tool raises KeyboardInterrupt: it fails its own call (a tool can only do that),
+    whether it ran on the pool (a tool not yet known to be quick) or on the caller's thread
+    while that thread read the worker; the next cells on that one worker run."""
     with CodeMode({"workers": 1, "timeoutMs": 5000}) as cm:
+        calls = []
 
         @cm.tool
         def interrupt() -> int:
-            raise KeyboardInterrupt
+            calls.append(1)
+            if len(calls) > 1 or not quick_first:
+                raise KeyboardInterrupt
+            return 0
 
         session = cm.session("s")
-        with pytest.raises(KeyboardInterrupt):
-            session.exec({"code": "return await tools.interrupt()"})
+        if quick_first:
+            assert session.exec({"code": "return await tools.interrupt()"})["value"] == 0
+        result = session.exec({"code": "return await tools.interrupt()"})
+        assert result["status"] == "failed" and "KeyboardInterrupt" in result["error"], result
         results: list[dict[str, Any]] = []
         other = threading.Thread(target=lambda: results.append(cm.session("o").exec({"code": "return 3"})))
         other.start()
@@ -315,6 +322,29 @@ def test_an_exec_interrupted_while_it_reads_its_worker_leaves_the_worker_to_the_
         assert not other.is_alive(), "a cell on the worker never finished"
         assert results[0]["value"] == 3
         assert session.exec({"code": "return 4"})["value"] == 4
+
+
+def test_a_slow_sync_tool_does_not_hold_exec_past_its_deadline():
+    """The caller's thread does not run a sync tool that is not known to be quick: it stays
+    free to end its `exec` at the deadline (`waiting`), and the result reaches the `wait`."""
+    with CodeMode({"workers": 1, "timeoutMs": 300}) as cm:
+
+        @cm.tool
+        def slow(ms: int) -> int:
+            time.sleep(ms / 1000)
+            return ms
+
+        session = cm.session("s")
+        first = session.exec({"code": "return await tools.slow({ms: 1500})"})
+        assert first["status"] == "waiting", first
+        assert first["telemetry"]["durationMs"] < 1500  # it did not sit out the tool
+        result = first
+        while result["status"] == "waiting":
+            result = session.wait({"runId": result["runId"]})
+        assert result["value"] == 1500
+        # Once slow, always on the pool: the next call does not hold its caller either.
+        assert session.exec({"code": "return await tools.slow({ms: 1})"})["value"] == 1
+        assert session.exec({"code": "return await tools.slow({ms: 1500})"})["status"] == "waiting"
 
 
 @pytest.mark.timeout(60)

@@ -345,7 +345,7 @@ const results = [];
 for (const [i, ms] of INPUT.entries()) {
   results.push(await tools.sleepy({ms, value: i * 3}));
 }
-const par = await Promise.all(INPUT.map((ms, i) => tools.sleepy({ms: ms / 2, value: i})));
+const par = await Promise.all(INPUT.map((ms, i) => tools.sleepy({ms: Math.floor(ms / 2), value: i})));
 return {results, par, t: Date.now() > 0};
 """
 

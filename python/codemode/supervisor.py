@@ -83,6 +83,10 @@ PIPELINE_DEPTH = 4
 PIPELINE_FRAME_BYTES = 8 << 10
 #: A run whose last frame took its worker at most this long may queue its next in the pipe.
 PIPELINE_QUICK_S = 0.002
+#: A sync tool that never took longer than this runs on the thread waiting for its run (no
+#: hop to the pool); one not yet seen, or ever slower, runs on the pool, so that the waiting
+#: thread stays free to end its `exec` at the deadline whatever the tool does.
+QUICK_TOOL_S = 0.005
 #: How far into a lane's queue fair queueing looks for the session served longest ago.
 FAIR_SCAN = 64
 #: Sessions whose last service is remembered (the rest count as never served).
@@ -90,6 +94,10 @@ SERVED_SESSIONS = 4096
 #: Threads that run the sync tools of ``exec_async`` runs (whose callers have no thread to
 #: lend): at most this many sync tools run at once for them; more wait their turn.
 SYNC_TOOL_THREADS = 8
+#: Threads that run, for `exec`/`wait` callers, the sync tools not known to be quick: each
+#: caller's thread waits meanwhile (and ends its call at the deadline), so as many may run at
+#: once as there are such callers, up to this.
+CALLER_TOOL_THREADS = 256
 #: How many workers a start or a replay is tried on before its run fails (a worker that dies
 #: before answering is replaced, and the frame goes to the next).
 MAX_PLACEMENTS = 3
@@ -268,6 +276,8 @@ class Supervisor:
         self._max_memory = max_worker_memory
         self._max_snapshot = max_snapshot_bytes
         self._max_journal = max_journal_bytes
+        #: Sync tool id -> the longest a batch of calls with it took (see `_quick`).
+        self._tool_slowest: dict[str, float] = {}
         #: Session id -> when it last had a frame sent, oldest first (fair queueing).
         self._served: dict[str, int] = {}
         self._serve_ticks = itertools.count()
@@ -276,7 +286,9 @@ class Supervisor:
         self._closed = False
         self._run_ids = itertools.count(1)
         self._spawn_error = ""
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        #: Threads for sync tools: of `exec_async` runs and advances (few), and standing in
+        #: for `exec` callers whose tools are not known to be quick (as many as such callers).
+        self._pools: dict[bool, concurrent.futures.ThreadPoolExecutor] = {}
         #: Runs someone waits for (a step in progress): `close` ends them all, resident or not.
         self._waited: set[Run] = set()
         self.spawned = 0
@@ -819,12 +831,18 @@ class Supervisor:
 
     def _submit(self, run: Run, calls: list[tuple[int, str, str]], counted: bool = False) -> None:
         """Starts a run's calls (outside the lock); its sync tools go to the thread waiting for
-        the run, or to the pool. ``counted``: in ``run.starting``, which this ends."""
+        the run when they have always been quick, else to the pool (the waiting thread must be
+        free to end the `exec` at its deadline). ``counted``: in ``run.starting``, which this ends."""
         try:
             inline = run.dispatcher.submit(calls)
         except Exception:  # (a bug: the run must still end, not wait on `starting` for good)
             _log.exception("code mode supervisor: starting calls failed")
             inline = None
+        tools: list[str] = []
+        if inline is not None:
+            resolved = run.dispatcher.resolved
+            tools = [tool for call_id, _, _ in calls if (tool := resolved.get(call_id)) is not None]
+            inline = functools.partial(self._timed, inline, tools)
         out: Out = []
         pool = None
         with self._lock:
@@ -835,22 +853,45 @@ class Supervisor:
                 if counted and waiter is not None:
                     waiter.poke()  # (it may have slept through its deadline meanwhile)
                 self._hand_to_loop(run, out)
-            elif waiter is not None and waiter.loop is None:
+            elif waiter is not None and waiter.loop is None and self._quick(tools):
                 # Its own thread runs them, once it is done with what it is doing now (when that
                 # is reading for other runs, with their actions: none waits for these tools).
                 waiter.work.append(inline)
                 waiter.event.set()
                 return
             else:
-                if self._pool is None:
-                    self._pool = concurrent.futures.ThreadPoolExecutor(SYNC_TOOL_THREADS, "codemode-sync-tools")
-                pool = self._pool
+                lent = waiter is not None and waiter.loop is None
+                pool = self._pools.get(lent)
+                if pool is None:
+                    size, name = (
+                        (CALLER_TOOL_THREADS, "codemode-caller-tools")
+                        if lent
+                        else (SYNC_TOOL_THREADS, "codemode-sync-tools")
+                    )
+                    pool = self._pools[lent] = concurrent.futures.ThreadPoolExecutor(size, name)
         _run_all(out)
         if inline is not None and pool is not None:
             try:
                 pool.submit(inline)
             except RuntimeError:
                 pass  # closed: the run has gone with it
+
+    def _quick(self, tools: list[str]) -> bool:
+        """Every one of these tools has run, and never took longer than ``QUICK_TOOL_S``."""
+        slowest = self._tool_slowest
+        return bool(tools) and all(slowest.get(tool, QUICK_TOOL_S + 1) <= QUICK_TOOL_S for tool in tools)
+
+    def _timed(self, inline: Callable[[], None], tools: list[str]) -> None:
+        """Runs a batch of sync tools and remembers, for each, the slowest batch it was in."""
+        started = time.perf_counter()
+        try:
+            inline()
+        finally:
+            took = time.perf_counter() - started
+            slowest = self._tool_slowest
+            for tool in tools:  # (catalog ids: as many as there are tools)
+                if took > slowest.get(tool, 0.0):
+                    slowest[tool] = took
 
     # ---- a loop as reader --------------------------------------------------------------------
     def _hand_to_loop(self, run: Run, out: Out) -> None:
@@ -1281,9 +1322,9 @@ class Supervisor:
                     out.append(functools.partial(self._loop_stop, reader))
             for run in list(self._waited):  # (those with no lane: waiting for a replay)
                 self._end(run, "failed", out, failure=closed)
-            pool, self._pool = self._pool, None
+            pools, self._pools = list(self._pools.values()), {}
         _run_all(out)
-        if pool is not None:
+        for pool in pools:
             pool.shutdown(wait=False, cancel_futures=True)
 
     def _loop_stop(self, reader: LoopReader) -> None:
