@@ -290,14 +290,17 @@ class HttpClients:
                 self._release(session_id)
 
     def _release(self, session_id: str) -> None:
-        session = self._clients.pop(session_id).session
-        session.close()
+        session = self._clients[session_id].session
         try:
+            session.close()
             kept = self._store.snapshot(session.session_id, session.branch)
             if kept:
                 self._store.commit(session.session_id, session.branch, dict.fromkeys(kept))
         except CodemodeError as e:  # the store failed or is closed (shutting down): values stay
             _log.warning("codemode serve: could not delete a closed session's stored values: %s", e)
+        finally:
+            # Last, so a client counted out of the table has nothing left behind.
+            del self._clients[session_id]
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
