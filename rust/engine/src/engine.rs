@@ -368,11 +368,13 @@ impl Engine {
         let body = match frontend::prepare(source, language) {
             Ok(body) => body,
             Err(e) => {
-                let name = match e {
-                    frontend::FrontendError::Syntax(_) => "SyntaxError",
-                    frontend::FrontendError::ModuleAccess(_) => "Error",
+                let (code, name) = match e {
+                    frontend::FrontendError::Syntax(_) => (ErrorCode::InvalidInput, "SyntaxError"),
+                    frontend::FrontendError::ModuleAccess(_) => (ErrorCode::InvalidInput, "Error"),
+                    frontend::FrontendError::TooDeep => (ErrorCode::InvalidInput, "RangeError"),
+                    frontend::FrontendError::Unavailable(_) => (ErrorCode::InternalError, "Error"),
                 };
-                return self.outcome(Status::Failed(Failure::new(ErrorCode::InvalidInput, name, e.message())));
+                return self.outcome(Status::Failed(Failure::new(code, name, e.message())));
             }
         };
         self.flags.set_deadline_in(timeout_ms);
@@ -800,4 +802,33 @@ fn install_prelude<'js>(
         install_run: get("installRun")?,
         store_writes: get("storeWrites")?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frontend::deep::{constructs, deepest_accepted};
+
+    fn engine() -> Engine {
+        match Engine::new(Limits::default(), Arc::new(Catalog::empty())) {
+            Ok(engine) => engine,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// QuickJS compiles the stripped JavaScript with its own parser: at the deepest nesting the
+    /// front end lets through, it either runs the cell or refuses it with its stack check
+    /// (a failed run), never overflows the native stack.
+    #[test]
+    fn quickjs_runs_or_refuses_the_deepest_cell_of_each_construct() {
+        for (name, language, make) in constructs() {
+            let n = deepest_accepted(language, make);
+            let outcome = engine().start(&make(n), language, 5000.0, 1, "{}");
+            match &outcome.status {
+                Status::Completed(_) => {}
+                Status::Failed(f) => println!("{name} x{n}: {:?} {}: {}", f.code, f.name, f.message),
+                Status::Pending => panic!("{name}: pending"),
+            }
+        }
+    }
 }

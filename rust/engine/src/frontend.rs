@@ -40,6 +40,20 @@ use oxc_semantic::SemanticBuilder;
 use oxc_span::{GetSpan, SourceType};
 use oxc_transformer::{TransformOptions, Transformer};
 
+use crate::nesting::{self, MAX_NESTING};
+
+/// Stack of the thread that runs the front end on cells deeper than [`INLINE_LEVELS`]: the
+/// deepest recursion at [`MAX_NESTING`] levels, measured for the worst construct
+/// (`tests::stack_per_level`), times two. Only the pages it touches are ever committed; the
+/// worker's RLIMIT_AS leaves room for the reservation.
+pub const FRONTEND_STACK_BYTES: usize = 32 << 20;
+
+/// Cells the pre-scan bounds at this many levels, and whose AST is no deeper than
+/// [`INLINE_DEPTH`], run on the caller's thread (the cost of a thread is then not paid): a few
+/// hundred KiB of stack at most, which any thread that drives an engine has.
+const INLINE_LEVELS: usize = 64;
+const INLINE_DEPTH: usize = 96;
+
 /// Source language of a cell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Language {
@@ -70,6 +84,10 @@ pub enum FrontendError {
     Syntax(Vec<Diagnostic>),
     /// import / export declarations, dynamic import(), import.meta, or a call `require(...)`
     ModuleAccess(Diagnostic),
+    /// The cell nests deeper than [`MAX_NESTING`] levels.
+    TooDeep,
+    /// The front end's thread could not be started (the worker is out of address space).
+    Unavailable(String),
 }
 
 /// Fixed user-facing text for [`FrontendError::ModuleAccess`]. Deliberately does
@@ -94,6 +112,11 @@ impl FrontendError {
             Self::ModuleAccess(d) => {
                 format!("{MODULE_ACCESS_MESSAGE} (line {}:{})", d.line, d.column)
             }
+            Self::TooDeep => format!(
+                "code mode cell nests deeper than {MAX_NESTING} levels (brackets, operator chains or nested \
+                 statements); split it into functions or flatten it."
+            ),
+            Self::Unavailable(why) => format!("the code mode front end could not start: {why}"),
         }
     }
 }
@@ -115,20 +138,47 @@ impl std::error::Error for FrontendError {}
 ///   lowered, nothing else downleveled) and codegen.
 ///
 /// Never panics: an unexpected panic inside oxc is caught and reported as a
-/// [`FrontendError::Syntax`] at line 1:1.
+/// [`FrontendError::Syntax`] at line 1:1. Never overflows its stack: a cell nesting deeper
+/// than [`MAX_NESTING`] levels is [`FrontendError::TooDeep`] (see `nesting`), and one deeper
+/// than a few dozen levels is handled on a thread with a [`FRONTEND_STACK_BYTES`] stack.
 pub fn prepare(source: &str, language: Language) -> Result<String, FrontendError> {
+    // Nothing recursive touches a cell before the pre-scan has bounded how deep it nests.
+    let levels = nesting::scan(source, language == Language::TypeScript, MAX_NESTING).ok_or(FrontendError::TooDeep)?;
+    if levels <= INLINE_LEVELS {
+        if let Some(done) = guarded(source, language, INLINE_DEPTH) {
+            return done;
+        }
+    }
+    let spawned = std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("codemode-frontend".into())
+            .stack_size(FRONTEND_STACK_BYTES)
+            .spawn_scoped(scope, || guarded(source, language, MAX_NESTING))
+            .map(|thread| thread.join())
+    });
+    match spawned {
+        Ok(Ok(Some(done))) => done,
+        // `guarded` catches panics and never asks for a deeper stack at MAX_NESTING.
+        Ok(_) => Err(FrontendError::Unavailable("the front end thread failed".into())),
+        Err(e) => Err(FrontendError::Unavailable(e.to_string())),
+    }
+}
+
+/// The front end with panics caught; `None` if the AST is deeper than `depth_budget` (the
+/// caller runs it again on a thread with a larger stack).
+fn guarded(source: &str, language: Language, depth_budget: usize) -> Option<Result<String, FrontendError>> {
     // oxc is not expected to panic, but it contains debug assertions and is
     // fed arbitrary model output; a panic must never take the host down.
-    catch_unwind(AssertUnwindSafe(|| prepare_inner(source, language))).unwrap_or_else(|_| {
-        Err(FrontendError::Syntax(vec![Diagnostic {
+    catch_unwind(AssertUnwindSafe(|| prepare_inner(source, language, depth_budget))).unwrap_or_else(|_| {
+        Some(Err(FrontendError::Syntax(vec![Diagnostic {
             message: "internal error while parsing the cell".to_string(),
             line: 1,
             column: 1,
-        }]))
+        }])))
     })
 }
 
-fn prepare_inner(source: &str, language: Language) -> Result<String, FrontendError> {
+fn prepare_inner(source: &str, language: Language, depth_budget: usize) -> Option<Result<String, FrontendError>> {
     // A fresh arena per call: allocating it is cheap (chunks are created
     // lazily) and avoids sharing mutable state across threads.
     let allocator = Allocator::default();
@@ -147,22 +197,34 @@ fn prepare_inner(source: &str, language: Language) -> Result<String, FrontendErr
         ..ParseOptions::default()
     };
     let parsed = Parser::new(&allocator, source, source_type).with_options(options).parse();
-    check_parse(source, &parsed)?;
+    if let Err(e) = check_parse(source, &parsed) {
+        return Some(Err(e));
+    }
     let ParserReturn { mut program, .. } = parsed;
+
+    // Every visitor below recurses once per AST level; left-deep chains (`1+1+...`) are deep
+    // here although the parser built them in a loop.
+    let depth = nesting::depth(&program, MAX_NESTING);
+    if depth > MAX_NESTING {
+        return Some(Err(FrontendError::TooDeep));
+    }
+    if depth > depth_budget {
+        return None;
+    }
 
     if let Some(offset) = find_module_access(&program) {
         let (line, column) = line_col(source, offset);
-        return Err(FrontendError::ModuleAccess(Diagnostic {
+        return Some(Err(FrontendError::ModuleAccess(Diagnostic {
             message: MODULE_ACCESS_MESSAGE.to_string(),
             line,
             column,
-        }));
+        })));
     }
 
-    match language {
+    Some(match language {
         Language::JavaScript => Ok(source.to_string()),
         Language::TypeScript => strip_types(&allocator, source, &mut program),
-    }
+    })
 }
 
 /// Turn parser diagnostics into a `Syntax` error.
@@ -484,6 +546,202 @@ mod tests {
                 let _ = std::hint::black_box(prepare(std::hint::black_box(src), lang));
             }
             println!("prepare() {name}: {:?} per call (warm, avg of {n})", start.elapsed() / n);
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod deep {
+    //! Deep cells: refused with `TooDeep` before anything recursive overflows, and the stack
+    //! the front end needs at the limit, measured.
+    use super::*;
+
+    /// `(name, language, cell of nesting n)`.
+    pub(crate) type Construct = (&'static str, Language, fn(usize) -> String);
+
+    /// Every construct class that makes oxc or QuickJS recurse.
+    pub(crate) fn constructs() -> Vec<Construct> {
+        use Language::{JavaScript as J, TypeScript as T};
+        vec![
+            ("arrays", J, |n| format!("return {}{}", "[".repeat(n), "]".repeat(n))),
+            ("parens", J, |n| format!("return {}1{}", "(".repeat(n), ")".repeat(n))),
+            ("blocks", J, |n| format!("{}{}", "{".repeat(n), "}".repeat(n))),
+            ("objects", J, |n| format!("return {}1{}", "{a:".repeat(n), "}".repeat(n))),
+            ("calls", J, |n| format!("const f = x => x; return {}1{}", "f(".repeat(n), ")".repeat(n))),
+            ("arrows", J, |n| format!("return {}1", "x=>".repeat(n))),
+            ("async arrows", J, |n| format!("return {}1", "async x=>".repeat(n))),
+            ("assignments", J, |n| format!("let a; return {}1", "a=".repeat(n))),
+            ("compound assignments", J, |n| format!("let a = 0; return {}1", "a+=".repeat(n))),
+            ("ternaries", J, |n| format!("return {}1", "1?1:".repeat(n))),
+            ("exponents", J, |n| format!("return {}1", "1**".repeat(n))),
+            ("nots", J, |n| format!("return {}1", "!".repeat(n))),
+            ("negations", J, |n| format!("return {}1", "- ".repeat(n))),
+            ("typeofs", J, |n| format!("return {}1", "typeof ".repeat(n))),
+            ("awaits", J, |n| format!("return {}1", "await ".repeat(n))),
+            ("news", J, |n| format!("return {}Object", "new ".repeat(n))),
+            ("voids", J, |n| format!("return {}1", "void ".repeat(n))),
+            ("ifs", J, |n| format!("{}return 1", "if (1) ".repeat(n))),
+            ("else ifs", J, |n| format!("{}return 1", "if (0) 1; else ".repeat(n))),
+            ("else ifs with braces", J, |n| format!("{}{{}}", "if (0) {} else ".repeat(n))),
+            ("whiles", J, |n| format!("{}break", "while (0) ".repeat(n))),
+            ("labels", J, |n| (0..n).map(|i| format!("l{i}: ")).collect::<String>() + "1"),
+            ("functions", J, |n| format!("{}{}", "function f() {".repeat(n), "}".repeat(n))),
+            ("templates", J, |n| format!("return {}1{}", "`${".repeat(n), "}`".repeat(n))),
+            ("classes", J, |n| {
+                format!("return {}{}", "class extends ".repeat(n), "Object {}".to_owned() + &"{}".repeat(n))
+            }),
+            ("sums", J, |n| format!("return {}", vec!["1"; n].join("+"))),
+            ("members", J, |n| format!("const a = {{}}; return a{}", ".b".repeat(n))),
+            ("call chains", J, |n| format!("const f = () => f; return f{}", "()".repeat(n))),
+            ("indexes", J, |n| format!("const a = [[]]; return a{}", "[0]".repeat(n))),
+            ("optional chains", J, |n| format!("const a = {{}}; return a{}", "?.b".repeat(n))),
+            ("comma-free sequences", J, |n| format!("return {}", vec!["a"; n].join(" || "))),
+            ("destructuring", J, |n| format!("let {}a{} = 1", "[".repeat(n), "]".repeat(n))),
+            ("ts generics", T, |n| format!("let x: {}number{} = 1", "Array<".repeat(n), ">".repeat(n))),
+            ("ts arrays", T, |n| format!("let x: number{} = []", "[]".repeat(n))),
+            ("ts keyofs", T, |n| format!("let x: {}number = 1", "keyof ".repeat(n))),
+            ("ts function types", T, |n| format!("let x: {}number = 1", "() => ".repeat(n))),
+            ("ts conditional types", T, |n| format!("type X = {}1", "1 extends 1 ? 1 : ".repeat(n))),
+            ("ts assertions", T, |n| format!("return {}1", "<any>".repeat(n))),
+            ("ts qualified names", T, |n| format!("let x: a{} = 1", ".b".repeat(n))),
+            ("ts namespaces", T, |n| format!("namespace a{} {{}}", ".b".repeat(n))),
+            ("ts generic calls", T, |n| {
+                format!("const f = (x: any) => x; return {}1{}", "f<any>(".repeat(n), ")".repeat(n))
+            }),
+            ("ts sums", T, |n| format!("return {}", vec!["1"; n].join("+"))),
+        ]
+    }
+
+    /// Kilobytes of this thread's stack mapping that are resident after `f` ran: the deepest
+    /// point the stack reached (pages are committed when first touched and stay).
+    fn stack_kib<R: Send>(f: impl FnOnce() -> R + Send) -> (R, usize) {
+        std::thread::scope(|scope| {
+            let thread = std::thread::Builder::new().stack_size(FRONTEND_STACK_BYTES).spawn_scoped(scope, || {
+                let out = f();
+                let here = &out as *const R as usize;
+                let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
+                let mut inside = false;
+                for line in smaps.lines() {
+                    let first = line.split_whitespace().next().unwrap_or("");
+                    if let Some((lo, hi)) = first.split_once('-') {
+                        if let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16)) {
+                            inside = lo <= here && here < hi;
+                            continue;
+                        }
+                    }
+                    if inside {
+                        if let Some(rss) = line.strip_prefix("Rss:") {
+                            let kib = rss.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
+                            return (out, kib);
+                        }
+                    }
+                }
+                (out, 0)
+            });
+            match thread.map(|t| t.join()) {
+                Ok(Ok(measured)) => measured,
+                _ => panic!("the measuring thread failed"),
+            }
+        })
+    }
+
+    /// The deepest nesting of a construct that `prepare` accepts.
+    pub(crate) fn deepest_accepted(language: Language, make: fn(usize) -> String) -> usize {
+        let (mut lo, mut hi) = (1usize, 4 * MAX_NESTING);
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if matches!(prepare(&make(mid), language), Err(FrontendError::TooDeep)) {
+                hi = mid - 1;
+            } else {
+                lo = mid;
+            }
+        }
+        lo
+    }
+
+    #[test]
+    fn every_construct_nested_past_the_limit_is_too_deep() {
+        for (name, language, make) in constructs() {
+            for n in [MAX_NESTING + 50, 5000, 100_000] {
+                let got = prepare(&make(n), language);
+                assert!(matches!(got, Err(FrontendError::TooDeep)), "{name} x{n}: {got:?}");
+            }
+        }
+        let message = FrontendError::TooDeep.message();
+        assert!(message.contains(&format!("nests deeper than {MAX_NESTING} levels")), "{message}");
+    }
+
+    #[test]
+    fn the_deepest_accepted_cell_of_each_construct_uses_under_half_the_front_end_stack() {
+        let (_, base) = stack_kib(|| guarded("return 1", Language::JavaScript, MAX_NESTING));
+        for (name, language, make) in constructs() {
+            let n = deepest_accepted(language, make);
+            let (result, kib) = stack_kib(|| guarded(&make(n), language, MAX_NESTING));
+            let used = kib.saturating_sub(base) << 10;
+            println!("{name:<24} n={n:<5} stack {used:>8} B ({} B per level)", used / n);
+            assert!(result.is_some(), "{name}: asked for a deeper stack at the limit");
+            assert!(used < FRONTEND_STACK_BYTES / 2, "{name} x{n}: {used} bytes of stack");
+        }
+    }
+
+    #[test]
+    fn ordinary_cells_scan_shallow_enough_to_run_inline() {
+        let asi: String = (0..400)
+            .map(|i| {
+                format!(
+                    "const v{i} = await tools.get({{id: {i}, tags: ['a', 'b']}})\nif (v{i}.ok) out.push(v{i}.value)\n"
+                )
+            })
+            .collect();
+        let concat =
+            format!("return {}", (0..60).map(|i| format!("'part {i} ' + x{i}")).collect::<Vec<_>>().join(" + "));
+        let chained = "const r = items\n  .filter(x => x.ok)\n  .map(x => ({id: x.id, n: x.n * 2}))\n  .sort((a, b) => a.n - b.n)\nreturn r";
+        let statements: String = (0..500).map(|i| format!("let a{i} = {i};\n")).collect();
+        let ts = "interface Hit { id: string; score: number }\nconst m = new Map<string, Array<Hit>>()\nfunction top<T extends Hit>(xs: T[]): T[] { return [...xs].sort((a, b) => b.score - a.score) }\nconst re = /[(\\[{]+/g\nif (a < b) x = {} \nreturn top(m.get('k') ?? [])";
+        for (src, language) in [
+            (asi.as_str(), Language::JavaScript),
+            (concat.as_str(), Language::JavaScript),
+            (chained, Language::JavaScript),
+            (statements.as_str(), Language::JavaScript),
+            (ts, Language::TypeScript),
+        ] {
+            let levels = nesting::scan(src, language == Language::TypeScript, MAX_NESTING);
+            assert!(levels.is_some_and(|l| l <= INLINE_LEVELS), "{levels:?} for:\n{}", &src[..src.len().min(300)]);
+            assert!(prepare(src, language).is_ok(), "{src}");
+        }
+    }
+
+    #[test]
+    fn strings_regexes_and_comments_cannot_hide_nesting() {
+        // 1,200 real levels around a literal full of closers: a scan that took them for code
+        // would count 700.
+        let closers = "]".repeat(500);
+        for hide in [
+            format!("\"{closers}\""),
+            format!("'{closers}'"),
+            format!("/{closers}/"),
+            format!("`{closers}`"),
+            format!("/* {closers} */ 0"),
+            format!("x = {{}} / \"/{closers}\""),
+            format!("x = {{a: {{}}}} / '/{closers}'"),
+            format!("x = function () {{}} / \"/{closers}\""),
+            format!("x = async function () {{}} / \"/{closers}\""),
+            format!("x = class {{}} / \"/{closers}\""),
+            format!("x = a.if(1) / \"/{closers}\""),
+            format!("x = (1) / \"/{closers}\""),
+            format!("x = a ? {{}} : {{}} / \"/{closers}\""),
+            format!("x = () => {{}}\n/\"/ + '{closers}'"),
+        ] {
+            let src =
+                format!("return {}{hide}, {}0{}{}", "[".repeat(600), "[".repeat(600), "]".repeat(600), "]".repeat(600));
+            for typescript in [false, true] {
+                let levels = nesting::scan(&src, typescript, usize::MAX).unwrap_or(0);
+                assert!(
+                    levels >= 1200,
+                    "{levels} levels for {} (typescript: {typescript})",
+                    &hide[..hide.len().min(40)]
+                );
+            }
         }
     }
 }

@@ -8,6 +8,7 @@ pub mod catalog;
 pub mod engine;
 pub mod frontend;
 pub mod limits;
+pub mod nesting;
 pub mod search;
 
 pub use catalog::Catalog;
