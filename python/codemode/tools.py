@@ -55,6 +55,8 @@ _log = logging.getLogger(__name__)
 #: Bytes of one tool result's JSON: the engine's ``max_bridge_bytes`` (its default, which every
 #: worker uses). A bigger result fails its call here, before it is put in a settle frame.
 MAX_BRIDGE_BYTES = 16 << 20
+#: The engine's words for a result over the bridge limit (one limit, one message).
+_OVER_BRIDGE = f"tool result is larger than the bridge limit ({MAX_BRIDGE_BYTES} bytes)"
 #: Characters of one failed call's message (a tool may raise with a 70 MB message).
 MAX_ERROR_CHARS = 4096
 #: An MCP or client tool's input is checked in the host up to this size (its schema is compiled
@@ -471,10 +473,6 @@ def _admitted(result: Result) -> tuple[Result, int]:
 _UNDECODED: Any = object()
 
 
-#: The engine's words for a result over the bridge limit (one limit, one message).
-_OVER_BRIDGE = f"tool result is larger than the bridge limit ({MAX_BRIDGE_BYTES} bytes)"
-
-
 def _encode_result(label: str, value: Any) -> bytes | str:
     """A result's JSON, encoded once; or the message of the call's failure if it cannot cross."""
     try:
@@ -648,7 +646,7 @@ class Dispatcher:
 
     def _plan_mcp_op(self, call_id: int, server: str, op: str, payload: Any) -> _Plan:
         """An ``MCP.<server>.resources/prompts`` request: its input is checked against what the
-        declarations promise (`mcp_api.OP_INPUTS`) before it goes to the server."""
+        declarations promise (`mcp_api.check_op_input`) before it goes to the server."""
         ops = self._mcp_ops
         ident = self.view.mcp_servers.get(server)
         if ops is None or ident is None or op not in MCP_OPS:
@@ -771,10 +769,11 @@ class Dispatcher:
             try:
                 result = await call()
             except asyncio.CancelledError as e:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise  # the host cancels it (`cancel`, its loop shutting down): nobody waits
-                result = (call_id, False, _error_message(label, e))  # the tool raised it itself
+                with self._lock:
+                    if call_id not in self._futures:
+                        raise  # the host cancelled it (`cancel` forgets it first): nobody waits
+                # The tool raised it, or cancelled its own task: its call fails like any other.
+                result = (call_id, False, _error_message(label, e))
             except BaseException as e:  # it fails its own call; the loop (shared) goes on
                 result = (call_id, False, _error_message(label, e))
             self._deliver(call_id, label, started, result)

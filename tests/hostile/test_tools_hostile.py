@@ -173,6 +173,13 @@ def install_tools(cm: CodeMode, calls: Calls) -> None:
         await inner
 
     @cm.tool
+    async def async_cancels_itself() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        await asyncio.sleep(0)
+
+    @cm.tool
     async def async_exit_from_callback() -> str:
         asyncio.get_running_loop().call_soon(sys.exit, 4)
         return "scheduled"
@@ -352,6 +359,7 @@ FAILURES = {
     "async_interrupt": "tool host:core:async_interrupt failed: KeyboardInterrupt",
     "async_cancelled": "tool host:core:async_cancelled failed: CancelledError",
     "async_inner_cancelled": "tool host:core:async_inner_cancelled failed: CancelledError",
+    "async_cancels_itself": "tool host:core:async_cancels_itself failed: CancelledError",
     "async_unreadable": "tool host:core:async_unreadable failed: UnreadableMessage: (its message could not be read)",
 }
 
