@@ -22,7 +22,7 @@ import msgspec
 from .catalog import MAX_DESCRIPTION_CHARS, bounded_text
 from .errors import ToolDefinitionError
 
-__all__ = ["NamespaceRegistration", "NamespaceTool", "Namespaces", "ScopeContext", "namespace_tool"]
+__all__ = ["MAX_SCOPE_BYTES", "NamespaceRegistration", "NamespaceTool", "Namespaces", "ScopeContext", "namespace_tool"]
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_$][A-Za-z0-9_$]*$")
 #: Globals the guest API owns; a namespace can never take one of these names.

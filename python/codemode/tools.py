@@ -32,7 +32,17 @@ from .mcp_api import check_op_input, declarations, mcp_names, tool_declaration
 from .namespaces import CallTable
 from .policy import Approver, Block, Hook, HookResult, Policy, Rewrite, ToolCallEvent, Trace, TraceEvent
 
-__all__ = ["BackgroundLoop", "CatalogView", "Dispatcher", "Gate", "Tool", "ToolRegistry"]
+__all__ = [
+    "MAX_BRIDGE_BYTES",
+    "MAX_ERROR_CHARS",
+    "BackgroundLoop",
+    "CatalogView",
+    "Dispatcher",
+    "Gate",
+    "Tool",
+    "ToolRegistry",
+    "result_bytes",
+]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
 _OWNER = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
