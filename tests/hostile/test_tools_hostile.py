@@ -277,7 +277,8 @@ def test_a_deep_guest_value_fails_its_call_or_is_refused_in_the_guest(tcm):
         code = f"{deep} try {{ await tools.{tool}({{value: v}}); return 'ran' }} catch (e) {{ return e.message }}"
         result = s.exec({"code": code})
         assert result["status"] == "completed", result
-        assert "nest" in result["value"], result  # the host's guard, or the engine's depth limit
+        message = result["value"].lower()
+        assert "nest" in message or "deep" in message, result  # the host's guard, or the engine's limit
     assert_still_serves(tcm)
 
 
