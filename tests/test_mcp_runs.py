@@ -57,8 +57,10 @@ def rcm():
         yield cm
 
 
-def mcp_codemode(make_codemode: Any, timeout_ms: int) -> CodeMode:
-    cm = make_codemode({"workers": 1, "timeoutMs": timeout_ms, "mcpServers": {"everything": everything_server()}})
+def mcp_codemode(make_codemode: Any, timeout_ms: int, **config: Any) -> CodeMode:
+    cm = make_codemode(
+        {"workers": 1, "timeoutMs": timeout_ms, "mcpServers": {"everything": everything_server()}, **config}
+    )
     assert cm.load_mcp_tools() == {"everything": None}
     return cm
 
@@ -237,7 +239,8 @@ def test_guest_spinning_after_an_mcp_result_is_killed_at_deadline_plus_grace(mak
 def test_large_and_small_results_mixed_reach_the_guest_intact_and_in_order(make_codemode):
     """Results that land together on the tools' loop and the MCP loop, a few bytes and a few
     hundred KiB (more than a pipe holds), each reach the guest whole, as the call it answers."""
-    cm = mcp_codemode(make_codemode, 20_000)
+    # 68 results of 256 KiB: over the default maxJournalBytes (16 MiB) a run may keep.
+    cm = mcp_codemode(make_codemode, 20_000, maxJournalBytes=32 << 20)
     big_size = 256 << 10
 
     @cm.tool

@@ -34,6 +34,7 @@ __all__ = [
     "decode_guest_json",
     "encode",
     "too_heavy",
+    "utf8_len",
 ]
 
 #: Cap on one frame in either direction (tool results and cell sources included).
@@ -209,6 +210,12 @@ def write_all(fd: int, data: bytes) -> None:
 
 host_decoder = msgspec.msgpack.Decoder(HostFrame)
 worker_decoder = msgspec.msgpack.Decoder(WorkerFrame)
+
+
+def utf8_len(text: str) -> int:
+    """Bytes of ``text`` in UTF-8 (a lone surrogate as its 3), without a copy when it is ASCII
+    (most JSON is): what a payload adds to a frame."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 def too_heavy(text: str) -> str | None:

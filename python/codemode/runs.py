@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from .protocol import EngineLimits
+from .protocol import EngineLimits, utf8_len
 
 if TYPE_CHECKING:
     from .protocol import Configure
@@ -40,7 +40,6 @@ __all__ = [
     "Step",
     "input_hash",
     "journal_size",
-    "utf8_len",
 ]
 
 #: Suspended runs one ``CodeMode`` keeps at once (the spec's per-process bound).
@@ -57,11 +56,6 @@ TOO_MANY_IN_SESSION = "too many suspended code mode runs in this session (maxSus
 #: Whose suspended runs these are: ``(session id, agent run or None)``. A tuple, not a joined
 #: string, so no session id can spell another session's scope.
 Scope = tuple[str, str | None]
-
-
-def utf8_len(text: str) -> int:
-    """Bytes of ``text`` in UTF-8, without a copy when it is ASCII (most JSON is)."""
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 def journal_size(journal: Journal) -> int:
@@ -169,6 +163,8 @@ class Run:
         "journal",
         "journal_bytes",
         "lane",
+        "lent",
+        "lent_at",
         "memory_bytes",
         "next_frame",
         "output_chars",
@@ -217,6 +213,10 @@ class Run:
         #: Batches of calls handed to `Supervisor._submit` and not yet started: the run is not
         #: suspended meanwhile (its sync tools may be about to run).
         self.starting = 0
+        #: Batches of its sync tools running on a pool for its waiting thread, and when the
+        #: last went (see `Supervisor._budget`).
+        self.lent = 0
+        self.lent_at = 0.0
         #: QuickJS memory of the resident runtime, as last reported.
         self.memory_bytes = 0
         #: ``yield_control`` calls waiting for the next ``wait``.

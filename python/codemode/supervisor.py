@@ -56,8 +56,20 @@ from . import protocol
 from ._engine import YIELD_TOOL
 from .errors import ClosedError, ProtocolError, WorkerCrashed
 from .hotloop import HotLoop, watch
-from .protocol import Configure, Drop, Fault, Ready, Replay, Report, Settle, Start, decode_guest_json, too_heavy
-from .runs import JournalCall, Phase, Run, Step, input_hash, utf8_len
+from .protocol import (
+    Configure,
+    Drop,
+    Fault,
+    Ready,
+    Replay,
+    Report,
+    Settle,
+    Start,
+    decode_guest_json,
+    too_heavy,
+    utf8_len,
+)
+from .runs import JournalCall, Phase, Run, Step, input_hash
 from .workers import READER_THREAD, WORKER_ADDRESS_SLACK, Inflight, Lane, WorkerProcess
 
 if TYPE_CHECKING:
@@ -83,9 +95,9 @@ PIPELINE_DEPTH = 4
 PIPELINE_FRAME_BYTES = 8 << 10
 #: A run whose last frame took its worker at most this long may queue its next in the pipe.
 PIPELINE_QUICK_S = 0.002
-#: A sync tool that never took longer than this runs on the thread waiting for its run (no
-#: hop to the pool); one not yet seen, or ever slower, runs on the pool, so that the waiting
-#: thread stays free to end its `exec` at the deadline whatever the tool does.
+#: A sync tool that took at most this long last time runs on the thread waiting for its run (no
+#: hop to the pool); one not yet seen, or slower, runs on the pool, so that the waiting thread
+#: stays free to end its `exec` at the deadline whatever the tool does.
 QUICK_TOOL_S = 0.005
 #: How far into a lane's queue fair queueing looks for the session served longest ago.
 FAIR_SCAN = 64
@@ -276,8 +288,8 @@ class Supervisor:
         self._max_memory = max_worker_memory
         self._max_snapshot = max_snapshot_bytes
         self._max_journal = max_journal_bytes
-        #: Sync tool id -> the longest a batch of calls with it took (see `_quick`).
-        self._tool_slowest: dict[str, float] = {}
+        #: Sync tool id -> how long the last batch of calls with it took (see `_quick`).
+        self._tool_took: dict[str, float] = {}
         #: Session id -> when it last had a frame sent, oldest first (fair queueing).
         self._served: dict[str, int] = {}
         self._serve_ticks = itertools.count()
@@ -604,6 +616,10 @@ class Supervisor:
             if run.starting:
                 return READ_TICK_S  # its calls are being started: `_submit` pokes it after
             if now >= step.deadline:
+                if run.lent and now < run.lent_at + KILL_GRACE_S:
+                    # Sync tools handed to the pool just now: they may answer at once, as they
+                    # would have on this thread (the guest then runs on, into its timeout).
+                    return run.lent_at + KILL_GRACE_S - now
                 self._end(run, "suspended", out, reason="pending_tools")
                 return None
             return step.deadline - now
@@ -831,20 +847,18 @@ class Supervisor:
 
     def _submit(self, run: Run, calls: list[tuple[int, str, str]], counted: bool = False) -> None:
         """Starts a run's calls (outside the lock); its sync tools go to the thread waiting for
-        the run when they have always been quick, else to the pool (the waiting thread must be
-        free to end the `exec` at its deadline). ``counted``: in ``run.starting``, which this ends."""
+        the run when they were quick last time, else to a pool (the waiting thread must be free
+        to end the `exec` at its deadline). ``counted``: in ``run.starting``, which this ends."""
         try:
             inline = run.dispatcher.submit(calls)
         except Exception:  # (a bug: the run must still end, not wait on `starting` for good)
             _log.exception("code mode supervisor: starting calls failed")
             inline = None
-        tools: list[str] = []
-        if inline is not None:
-            resolved = run.dispatcher.resolved
-            tools = [tool for call_id, _, _ in calls if (tool := resolved.get(call_id)) is not None]
-            inline = functools.partial(self._timed, inline, tools)
+        resolved = run.dispatcher.resolved
+        tools = [tool for call_id, _, _ in calls if (tool := resolved.get(call_id)) is not None]
         out: Out = []
         pool = None
+        lent = False
         with self._lock:
             if counted:
                 run.starting -= 1
@@ -856,11 +870,14 @@ class Supervisor:
             elif waiter is not None and waiter.loop is None and self._quick(tools):
                 # Its own thread runs them, once it is done with what it is doing now (when that
                 # is reading for other runs, with their actions: none waits for these tools).
-                waiter.work.append(inline)
+                waiter.work.append(functools.partial(self._timed, run, inline, tools, False))
                 waiter.event.set()
                 return
             else:
                 lent = waiter is not None and waiter.loop is None
+                if lent:
+                    run.lent += 1
+                    run.lent_at = time.monotonic()
                 pool = self._pools.get(lent)
                 if pool is None:
                     size, name = (
@@ -872,26 +889,30 @@ class Supervisor:
         _run_all(out)
         if inline is not None and pool is not None:
             try:
-                pool.submit(inline)
+                pool.submit(self._timed, run, inline, tools, lent)
             except RuntimeError:
                 pass  # closed: the run has gone with it
 
     def _quick(self, tools: list[str]) -> bool:
-        """Every one of these tools has run, and never took longer than ``QUICK_TOOL_S``."""
-        slowest = self._tool_slowest
-        return bool(tools) and all(slowest.get(tool, QUICK_TOOL_S + 1) <= QUICK_TOOL_S for tool in tools)
+        """Each of these tools has run, and took at most ``QUICK_TOOL_S`` the last time (the
+        last time, not the slowest: one slow moment of a loaded host does not demote a tool
+        for good; a tool that is slow stays on the pool)."""
+        took = self._tool_took
+        return bool(tools) and all(took.get(tool, QUICK_TOOL_S + 1) <= QUICK_TOOL_S for tool in tools)
 
-    def _timed(self, inline: Callable[[], None], tools: list[str]) -> None:
-        """Runs a batch of sync tools and remembers, for each, the slowest batch it was in."""
+    def _timed(self, run: Run, inline: Callable[[], None], tools: list[str], lent: bool) -> None:
+        """Runs a batch of sync tools and remembers, for each, how long the batch took.
+        ``lent``: on the pool for the run's waiting thread (counted in ``run.lent``)."""
         started = time.perf_counter()
         try:
             inline()
         finally:
             took = time.perf_counter() - started
-            slowest = self._tool_slowest
             for tool in tools:  # (catalog ids: as many as there are tools)
-                if took > slowest.get(tool, 0.0):
-                    slowest[tool] = took
+                self._tool_took[tool] = took
+            if lent:
+                with self._lock:
+                    run.lent -= 1
 
     # ---- a loop as reader --------------------------------------------------------------------
     def _hand_to_loop(self, run: Run, out: Out) -> None:
@@ -1072,7 +1093,7 @@ class Supervisor:
                 lane.retiring = True
                 self._spawn_locked()
         elif kind == "settle":
-            results = self._carried(run, run.dispatcher.take_ready())
+            results = self._journaled(run, run.dispatcher.take_ready(max_bytes=SETTLE_BUDGET_BYTES))
             if not results:
                 run.phase = Phase.PARKED
                 return None
@@ -1108,24 +1129,19 @@ class Supervisor:
         run.phase = Phase.RUNNING
         return frames
 
-    def _carried(self, run: Run, results: list[Result]) -> list[Result]:
-        """The results one settle frame carries: up to ``SETTLE_BUDGET_BYTES`` of them (the rest
-        stay ready for the next one, so no frame outgrows its cap), each recorded in the journal
-        within ``maxJournalBytes`` (past it, that call fails instead)."""
-        carried: list[Result] = []
-        size = 0
-        for index, (call_id, ok, payload) in enumerate(results):
+    def _journaled(self, run: Run, results: list[Result]) -> list[Result]:
+        """The results of one settle frame (taken within ``SETTLE_BUDGET_BYTES``: the rest stay
+        ready for the next, so no frame outgrows its cap), as the journal records them: within
+        ``maxJournalBytes``, past which a call fails instead."""
+        journaled: list[Result] = []
+        for call_id, ok, payload in results:
             length = utf8_len(payload)
-            if carried and size + length > SETTLE_BUDGET_BYTES:
-                run.dispatcher.requeue(results[index:])
-                break
             if run.journal_bytes + length > self._max_journal:
                 ok, payload = False, _journal_full(length, self._max_journal)
                 length = len(payload)
             run.journal_bytes += length
-            size += length
-            carried.append((call_id, ok, payload))
-        return carried
+            journaled.append((call_id, ok, payload))
+        return journaled
 
     def _may_write(self, lane: Lane, run: Run) -> bool:
         """Under the lock: the run's frame may be written now: the worker is free, or the frame

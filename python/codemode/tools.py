@@ -31,6 +31,7 @@ from .hotloop import HotLoop
 from .mcp_api import check_op_input, declarations, mcp_names, tool_declaration
 from .namespaces import CallTable
 from .policy import Approver, Block, Hook, HookResult, Policy, Rewrite, ToolCallEvent, Trace, TraceEvent
+from .protocol import utf8_len
 
 __all__ = [
     "MAX_BRIDGE_BYTES",
@@ -462,8 +463,7 @@ def _planning_failure(subject: str, exc: BaseException) -> str:
 def result_bytes(result: Result) -> int:
     """The UTF-8 size of a result's payload: what it adds to a settle frame (plus a few bytes
     of msgpack framing per result)."""
-    payload = result[2]
-    return len(payload) if payload.isascii() else len(payload.encode("utf-8", "replace"))
+    return utf8_len(result[2])
 
 
 def _admitted(result: Result) -> tuple[Result, int]:
