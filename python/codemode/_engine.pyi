@@ -2,7 +2,18 @@
 
 from typing import TypeAlias, final
 
-__all__ = ["PRELUDE_HASH", "YIELD_TOOL", "Catalog", "Engine", "EngineInitError", "__version__", "spin_readable"]
+__all__ = [
+    "MAX_NESTING",
+    "MAX_REPORT_BYTES",
+    "MAX_VALUE_DEPTH",
+    "PRELUDE_HASH",
+    "YIELD_TOOL",
+    "Catalog",
+    "Engine",
+    "EngineInitError",
+    "__version__",
+    "spin_readable",
+]
 
 #: ``(code, name, message, stack)`` of a failed run; ``code`` is None for a guest exception.
 _Failure: TypeAlias = tuple[str | None, str, str, str]
@@ -25,6 +36,12 @@ _Outcome: TypeAlias = tuple[
 __version__: str
 PRELUDE_HASH: str
 YIELD_TOOL: str
+#: How deeply a cell's source may nest (brackets, operator chains, statements); deeper is invalid_input.
+MAX_NESTING: int
+#: How deeply a value leaving the guest may nest (arrays and objects).
+MAX_VALUE_DEPTH: int
+#: Bytes of tool calls, outputs and clock readings one report carries (fits in a protocol frame).
+MAX_REPORT_BYTES: int
 
 class EngineInitError(RuntimeError): ...
 

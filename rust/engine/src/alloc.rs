@@ -30,7 +30,9 @@ impl LimitedAllocator {
     /// Whether `extra` more bytes fit; past the limit the run is flagged as out of memory.
     fn admit(&mut self, extra: usize) -> bool {
         let limit = self.flags.memory_limit.load(Ordering::Relaxed);
-        let wanted = self.flags.used.load(Ordering::Relaxed).saturating_add(extra);
+        // What the engine holds for the guest outside QuickJS shares the limit.
+        let held = self.flags.held.load(Ordering::Relaxed);
+        let wanted = self.flags.used.load(Ordering::Relaxed).saturating_add(held).saturating_add(extra);
         if wanted <= limit {
             return true;
         }

@@ -20,12 +20,64 @@ use rquickjs::{qjs, Context, Ctx, Exception, Function, Object, Persistent, Promi
 use crate::alloc::LimitedAllocator;
 use crate::catalog::Catalog;
 use crate::frontend::{self, Language};
-use crate::limits::{Abort, Flags, Limits};
+use crate::limits::{json_nests_deeper_than, Abort, Flags, Limits, MAX_VALUE_DEPTH};
 
 const PRELUDE_SOURCE: &str = include_str!("prelude.js");
 
 /// Output calls (`text`, `json`, `console.*`, `image`) one run may make (seed 002's bound).
 pub const MAX_OUTPUT_CALLS: usize = 100_000;
+
+/// What a tool call, an output or a clock reading costs in a report besides its text (msgpack
+/// framing, the call id), counted so that many tiny ones cannot pass the budget either.
+const CALL_OVERHEAD: usize = 32;
+const OUTPUT_OVERHEAD: usize = 8;
+const CLOCK_READ_BYTES: usize = 9;
+
+/// Why the engine would not hold more for the guest until the next outcome.
+enum Refusal {
+    /// The report would not fit in a frame.
+    Report,
+    /// With the QuickJS heap, the run would pass its memory limit.
+    Memory,
+}
+
+impl Refusal {
+    fn message(&self, limits: &Limits, what: &str) -> String {
+        match self {
+            Refusal::Report => format!(
+                "{what} would make this step's tool calls and outputs pass {} bytes, the most one report to the host carries; await some calls before starting more.",
+                limits.max_report_bytes
+            ),
+            Refusal::Memory => format!("code mode cell exceeded its memory limit of {} bytes.", limits.memory_bytes),
+        }
+    }
+}
+
+/// Reserves `bytes` more of what the engine holds for the guest outside QuickJS until the next
+/// outcome takes it: within the report budget, and with the heap within the memory limit.
+fn hold(flags: &Flags, limits: &Limits, bytes: usize) -> Result<(), Refusal> {
+    let next = flags.held.load(Ordering::Relaxed).saturating_add(bytes);
+    if next > limits.max_report_bytes {
+        return Err(Refusal::Report);
+    }
+    if flags.used.load(Ordering::Relaxed).saturating_add(next) > limits.memory_bytes {
+        return Err(Refusal::Memory);
+    }
+    flags.held.store(next, Ordering::Relaxed);
+    Ok(())
+}
+
+/// The message for a value nested past [`MAX_VALUE_DEPTH`].
+fn too_deep(what: &str) -> String {
+    format!("{what} is nested deeper than {MAX_VALUE_DEPTH} levels (arrays and objects), the most a value leaving code mode may nest.")
+}
+
+/// A `RangeError` value from the intrinsic constructor (a guest that replaced `RangeError`
+/// does not matter).
+fn range_error<'js>(ctx: &Ctx<'js>, message: &str) -> Value<'js> {
+    let _ = Exception::throw_range(ctx, message);
+    ctx.catch()
+}
 
 /// The tool id of a `yield_control(reason)` call: the host suspends the run and settles it on `wait`.
 pub const YIELD_TOOL: &str = "\u{0}yield";
@@ -518,6 +570,14 @@ impl Engine {
                     Some(Ok(json)) => {
                         if json.len().saturating_add(state.borrow().output_bytes) > limits.max_output_bytes {
                             Status::Failed(Failure::aborted(Abort::Output, &limits))
+                        } else if json_nests_deeper_than(&json, MAX_VALUE_DEPTH) {
+                            // The cell's own result cannot be represented: like a syntax error,
+                            // the same cell fails the same way until its code changes.
+                            Status::Failed(Failure::new(
+                                ErrorCode::InvalidInput,
+                                "RangeError",
+                                too_deep("the value the cell returned"),
+                            ))
                         } else {
                             Status::Completed(json)
                         }
@@ -565,7 +625,12 @@ impl Engine {
             outputs: std::mem::take(&mut state.outputs),
             clock_reads: std::mem::take(&mut state.clock_reads),
             in_flight: state.resolvers.len(),
-            memory_bytes: self.flags.used.load(Ordering::Relaxed),
+            // What this outcome carries out was held for the guest until now.
+            memory_bytes: self
+                .flags
+                .used
+                .load(Ordering::Relaxed)
+                .saturating_add(self.flags.held.swap(0, Ordering::Relaxed)),
             searches: std::mem::take(&mut state.searches),
             describes: std::mem::take(&mut state.describes),
             store_writes: None,
@@ -636,28 +701,54 @@ fn install_prelude<'js>(
     let install: Function = install.get().map_err(EngineError::from)?;
     let host = Object::new(ctx.clone())?;
     let call_state = state.clone();
+    let call_flags = flags.clone();
     host.set(
         "call",
         Function::new(
             ctx.clone(),
             move |ctx: Ctx<'js>, tool: String, input: String| -> rquickjs::Result<Promise<'js>> {
                 let mut st = call_state.borrow_mut();
-                let refusal = if st.resolvers.len() >= st.limits.max_pending_calls {
-                    Some(format!(
-                        "too many pending tool calls: at most {} may be in flight.",
-                        st.limits.max_pending_calls
-                    ))
-                } else if input.len() > st.limits.max_bridge_bytes {
-                    Some(format!("tool input is larger than the bridge limit ({} bytes).", st.limits.max_bridge_bytes))
+                let limits = st.limits;
+                let refusal = if st.resolvers.len() >= limits.max_pending_calls {
+                    Some(
+                        Exception::from_message(
+                            ctx.clone(),
+                            &format!(
+                                "too many pending tool calls: at most {} may be in flight.",
+                                limits.max_pending_calls
+                            ),
+                        )?
+                        .into_value(),
+                    )
+                } else if input.len() > limits.max_bridge_bytes {
+                    Some(
+                        Exception::from_message(
+                            ctx.clone(),
+                            &format!("tool input is larger than the bridge limit ({} bytes).", limits.max_bridge_bytes),
+                        )?
+                        .into_value(),
+                    )
+                } else if json_nests_deeper_than(&input, MAX_VALUE_DEPTH) {
+                    Some(range_error(&ctx, &too_deep("the tool input")))
                 } else {
-                    None
+                    let cost = tool.len().saturating_add(input.len()).saturating_add(CALL_OVERHEAD);
+                    match hold(&call_flags, &limits, cost) {
+                        Ok(()) => None,
+                        Err(Refusal::Report) => {
+                            Some(range_error(&ctx, &Refusal::Report.message(&limits, "this tool call")))
+                        }
+                        // Like a refused allocation: the run is over, whatever the guest catches.
+                        Err(Refusal::Memory) => {
+                            call_flags.abort(Abort::Memory);
+                            return Err(throw_uncatchable(&ctx, "code mode memory limit exceeded"));
+                        }
+                    }
                 };
                 let (promise, resolve, reject) = ctx.promise()?;
-                if let Some(message) = refusal {
+                if let Some(error) = refusal {
                     // A call is a promise: a refused one rejects (`Promise.allSettled` sees it)
-                    // rather than throwing at the call site.
+                    // rather than throwing at the call site. It never reaches the host.
                     drop(st);
-                    let error = Exception::from_message(ctx.clone(), &message)?;
                     reject.call::<_, ()>((error,))?;
                     return Ok(promise);
                 }
@@ -688,6 +779,20 @@ fn install_prelude<'js>(
                 emit_flags.abort(Abort::OutputCalls);
                 return Err(throw_uncatchable(&ctx, "code mode output call limit exceeded"));
             }
+            if kind == OutputKind::Json && json_nests_deeper_than(&text, MAX_VALUE_DEPTH) {
+                return Err(Exception::throw_range(&ctx, &too_deep("json(value): the value")));
+            }
+            match hold(&emit_flags, &st.limits, text.len().saturating_add(OUTPUT_OVERHEAD)) {
+                Ok(()) => {}
+                Err(Refusal::Report) => {
+                    emit_flags.abort(Abort::Output);
+                    return Err(throw_uncatchable(&ctx, "code mode report budget exceeded"));
+                }
+                Err(Refusal::Memory) => {
+                    emit_flags.abort(Abort::Memory);
+                    return Err(throw_uncatchable(&ctx, "code mode memory limit exceeded"));
+                }
+            }
             st.output_calls += 1;
             st.output_bytes = total;
             st.outputs.push(Output { kind, text });
@@ -705,13 +810,38 @@ fn install_prelude<'js>(
     )?;
 
     let clock_state = state.clone();
+    let clock_flags = flags.clone();
     host.set(
         "now",
-        Function::new(ctx.clone(), move || -> f64 {
+        Function::new(ctx.clone(), move |ctx: Ctx<'js>| -> rquickjs::Result<f64> {
             let mut st = clock_state.borrow_mut();
+            // Every reading is journaled, so it rides in the next report: a loop of
+            // `Date.now()` must not grow one past its frame.
+            match hold(&clock_flags, &st.limits, CLOCK_READ_BYTES) {
+                Ok(()) => {}
+                Err(Refusal::Report) => {
+                    return Err(Exception::throw_range(
+                        &ctx,
+                        &Refusal::Report.message(&st.limits, "another clock reading"),
+                    ))
+                }
+                Err(Refusal::Memory) => {
+                    clock_flags.abort(Abort::Memory);
+                    return Err(throw_uncatchable(&ctx, "code mode memory limit exceeded"));
+                }
+            }
             let reading = st.clock_replay.pop().unwrap_or_else(now_ms);
             st.clock_reads.push(reading);
-            reading
+            Ok(reading)
+        })?,
+    )?;
+    host.set(
+        "checkDepth",
+        Function::new(ctx.clone(), move |ctx: Ctx<'js>, what: String, json: String| -> rquickjs::Result<()> {
+            if json_nests_deeper_than(&json, MAX_VALUE_DEPTH) {
+                return Err(Exception::throw_range(&ctx, &too_deep(&what)));
+            }
+            Ok(())
         })?,
     )?;
     let all_state = state.clone();

@@ -25,6 +25,52 @@ pub struct Limits {
     pub search_default_limit: usize,
     /// Upper bound on any `tools.search` limit.
     pub max_search_limit: usize,
+    /// Bytes of tool calls (id + input), outputs and clock readings one outcome may carry
+    /// ([`MAX_REPORT_BYTES`] in the worker): a report must fit in one protocol frame.
+    pub max_report_bytes: usize,
+}
+
+/// How deeply a value leaving the guest may nest (arrays and objects): serde_json's default
+/// recursion limit. Decoders on the host recurse per level; past this a value is refused in
+/// the guest (a catchable `RangeError`, or a failed run for the return value), never sent.
+pub const MAX_VALUE_DEPTH: usize = 128;
+
+/// What one report may carry in calls, outputs and clock readings: the protocol's 64 MiB
+/// frame (`MAX_FRAME_BYTES` in protocol.py, pinned by a test) less 24 MiB for what the
+/// report holds besides: the cell's value (at most `maxOutputBytes`, clamped to 10 MiB), its
+/// `store` writes (1 Mi characters of JSON, re-escaped: under 8 MiB) and a failure (clipped).
+pub const MAX_REPORT_BYTES: usize = 40 << 20;
+
+/// Whether JSON text nests deeper than `limit` arrays/objects. One pass, no recursion: the
+/// text comes from `JSON.stringify`, so a quote always opens or closes a string.
+pub fn json_nests_deeper_than(json: &str, limit: usize) -> bool {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &b in json.as_bytes() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
 }
 
 impl Default for Limits {
@@ -37,6 +83,7 @@ impl Default for Limits {
             max_bridge_bytes: 16 << 20,
             search_default_limit: 8,
             max_search_limit: 50,
+            max_report_bytes: MAX_REPORT_BYTES,
         }
     }
 }
@@ -79,6 +126,9 @@ pub struct Flags {
     pub memory_limit: AtomicUsize,
     /// Bytes the allocator has handed out and not taken back.
     pub used: AtomicUsize,
+    /// Bytes the engine holds outside QuickJS for the guest until the next outcome takes them
+    /// (tool calls, outputs, clock readings): they count against the same memory limit.
+    pub held: AtomicUsize,
 }
 
 impl Flags {
@@ -90,6 +140,7 @@ impl Flags {
             oom: AtomicBool::new(false),
             memory_limit: AtomicUsize::new(memory_limit),
             used: AtomicUsize::new(0),
+            held: AtomicUsize::new(0),
         }
     }
 

@@ -11,6 +11,7 @@
   const hostCall = host.call;
   const hostEmit = host.emit;
   const hostNow = host.now;
+  const hostCheckDepth = host.checkDepth;
 
   const ReflectApply = Reflect.apply;
   const ReflectConstruct = Reflect.construct;
@@ -378,6 +379,7 @@
       text = JsonStringify(value);
       if (text === undefined) throw new TypeErrorCtor("store(key, value): value is not JSON-serializable");
       if (text.length > MAX_STORE_VALUE) throw new RangeErrorCtor("store(key, value): a value may hold at most 262,144 characters of JSON");
+      hostCheckDepth("store(key, value): the value", text);
     }
     const next = storeTotal - storeSize(key, currentText(key)) + storeSize(key, text);
     if (next > MAX_STORE_TOTAL) throw new RangeErrorCtor("store: keys and values may hold at most 1,048,576 characters in total");

@@ -316,3 +316,115 @@ fn image_takes_only_base64_data_urls() {
     assert_eq!(out.outputs[0].kind, OutputKind::Image);
     assert_eq!(out.outputs[0].text, "image/png;iVBORw0KGgo=");
 }
+
+/// A cell that builds `v`, nested `depth` arrays deep.
+fn nested(depth: usize, then: &str) -> String {
+    format!("let v = 0; for (let i = 0; i < {depth}; i++) v = [v];\n{then}")
+}
+
+fn completed(status: &Status) -> &str {
+    match status {
+        Status::Completed(json) => json,
+        other => panic!("expected completion, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_returned_value_nested_past_the_depth_limit_fails_the_run_naming_it() {
+    use codemode_engine::limits::MAX_VALUE_DEPTH;
+    assert!(matches!(run(&nested(MAX_VALUE_DEPTH, "return v")), Status::Completed(_)));
+    for depth in [MAX_VALUE_DEPTH + 1, 1000, 4000] {
+        match run(&nested(depth, "return v")) {
+            Status::Failed(f) => {
+                assert_eq!((f.code, f.name.as_str()), (Some(ErrorCode::InvalidInput), "RangeError"));
+                assert!(f.message.contains(&format!("nested deeper than {MAX_VALUE_DEPTH} levels")), "{}", f.message);
+            }
+            other => panic!("depth {depth}: {other:?}"),
+        }
+    }
+    // Objects count as arrays do; strings that look nested do not.
+    let objects = "let v = 0; for (let i = 0; i < 200; i++) v = {v}; return v";
+    assert_eq!(failure_code(&run(objects)), Some(ErrorCode::InvalidInput));
+    assert!(matches!(run("return '['.repeat(5000)"), Status::Completed(_)));
+}
+
+#[test]
+fn every_other_way_out_refuses_a_deep_value_with_a_catchable_range_error() {
+    for way in [
+        "tools.callValue('t', {value: v})",
+        "tools.call('t', v)",
+        "json(v)",
+        "store('k', v)",
+        "console.log('ok'); json({a: v})",
+    ] {
+        let cell = nested(
+            1000,
+            &format!(
+                "try {{ await {way}; return 'passed' }} catch (e) {{ return [e.name, String(e.message).includes('nested deeper than 128 levels')] }}"
+            ),
+        );
+        let mut engine = engine();
+        let outcome = engine.start(&cell, Language::JavaScript, 2000.0, 7, "{}");
+        assert!(outcome.calls.is_empty(), "{way}: a call reached the host");
+        assert_eq!(completed(&outcome.status), r#"["RangeError",true]"#, "{way}");
+        assert!(outcome.outputs.iter().all(|o| o.kind != OutputKind::Json), "{way}: {:?}", outcome.outputs);
+    }
+}
+
+#[test]
+fn tool_calls_past_the_report_budget_do_not_start_and_reject_catchably() {
+    let limits = Limits { max_report_bytes: 4 << 20, max_bridge_bytes: 2 << 20, ..Limits::default() };
+    let cell = "const big = 'x'.repeat(1500000); const got = [];\n\
+                for (let i = 0; i < 5; i++) got.push(tools.callValue('t', big).then(() => 'ok', (e) => e.name + ': ' + e.message));\n\
+                return await Promise.all(got)";
+    let mut engine = engine_with(limits);
+    let first = engine.start(cell, Language::JavaScript, 2000.0, 7, "{}");
+    let sent: usize = first.calls.iter().map(|c| c.input_json.len() + c.tool.len()).sum();
+    assert_eq!(first.calls.len(), 2, "two 1.5 MB inputs fit a 4 MiB report, a third does not");
+    assert!(sent <= limits.max_report_bytes);
+    // The budget is per report: once the host has them, the next step starts afresh.
+    let settle = first.calls.iter().map(|c| Settlement { id: c.id, ok: true, payload: "1".into() }).collect();
+    let second = engine.settle(settle, 2000.0);
+    let json = completed(&second.status);
+    assert!(json.starts_with(r#"["ok","ok","RangeError: this tool call would make this step's tool calls"#), "{json}");
+}
+
+#[test]
+fn bytes_held_for_the_host_count_against_the_memory_limit_and_in_memory_bytes() {
+    let limits = Limits { memory_bytes: 8 << 20, ..Limits::default() };
+    // Within the limit: what the outcome carries out is part of the memory it reports.
+    let cell = "const big = 'x'.repeat(1000000); await tools.callValue('t', big); return 1";
+    let outcome = engine_with(limits).start(cell, Language::JavaScript, 2000.0, 7, "{}");
+    let held: usize = outcome.calls.iter().map(|c| c.input_json.len()).sum();
+    assert_eq!((outcome.status, outcome.calls.len()), (Status::Pending, 1));
+    assert!(
+        outcome.memory_bytes >= held + 1_000_000,
+        "memory_bytes {} leaves out {held} held bytes",
+        outcome.memory_bytes
+    );
+    // Past it, however small each input and whatever the guest catches: the run is over.
+    for size in [2_000_000, 700_000, 100_000] {
+        let cell = format!(
+            "const got = [];\n\
+             for (let i = 0; i < 16; i++) try {{ got.push(tools.callValue('t', 'x'.repeat({size})).catch(() => 0)) }} catch (e) {{}}\n\
+             return await Promise.all(got)"
+        );
+        let mut engine = engine_with(Limits { max_pending_calls: 16, memory_bytes: 2 << 20, ..limits });
+        let outcome = engine.start(&cell, Language::JavaScript, 2000.0, 7, "{}");
+        let held: usize = outcome.calls.iter().map(|c| c.input_json.len()).sum();
+        if size * 16 > 2 << 20 {
+            assert_eq!(failure_code(&outcome.status), Some(ErrorCode::MemoryLimitExceeded), "{size}");
+        }
+        assert!(held <= 2 << 20, "{held} bytes of inputs held under a 2 MiB limit");
+    }
+}
+
+#[test]
+fn a_clock_read_loop_cannot_grow_a_report_past_its_budget() {
+    let limits = Limits { max_report_bytes: 64 << 10, ..Limits::default() };
+    let cell = "let n = 0; try { for (;;) { Date.now(); n++ } } catch (e) { return [n, e.name] }";
+    let outcome = engine_with(limits).start(cell, Language::JavaScript, 2000.0, 7, "{}");
+    let expected = limits.max_report_bytes / 9;
+    assert_eq!(completed(&outcome.status), format!(r#"[{expected},"RangeError"]"#));
+    assert!(outcome.clock_reads.len() * 9 <= limits.max_report_bytes);
+}

@@ -79,3 +79,45 @@ fn harness_expands_snippets() {
     data.extend_from_slice(b".length");
     assert_eq!(harness::run(&data), Some(Status::Completed("7".into())));
 }
+
+#[test]
+fn every_committed_deep_regression_input_replays_without_a_finding() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz").join("regressions-deep");
+    let mut replayed = 0;
+    for entry in fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.unwrap_or_else(|e| panic!("{}: {e}", dir.display())).path();
+        let data = fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        eprintln!("replaying {}", path.display());
+        harness::deep(&data);
+        replayed += 1;
+    }
+    assert!(replayed > 0, "no regression inputs in {}", dir.display());
+}
+
+/// The deep target's inputs: `[language/mode, fragment, count_lo, count_hi, ...]`.
+#[test]
+fn the_deep_harness_refuses_every_nester_repeated_past_the_limit() {
+    for (k, (open, _)) in harness::NESTERS.iter().enumerate() {
+        // Flat repetitions: comments, line ends, a sequence of regexes.
+        if matches!(*open, "/* ] */" | "\n" | "/]]]]/,") {
+            continue;
+        }
+        let typescript = matches!(*open, "<any>" | "Array<" | "keyof ");
+        let data = [u8::from(typescript), k as u8, 0x88, 0x13, harness::SOURCE_END];
+        let status = harness::deep(&data);
+        if typescript {
+            // Type syntax in an expression: refused one way or another, never run.
+            assert!(matches!(&status, Some(Status::Failed(f)) if f.code.is_some()), "{open:?}: {status:?}");
+            continue;
+        }
+        assert!(
+            matches!(&status, Some(Status::Failed(f)) if f.message.contains("nests deeper than")),
+            "{open:?} x5000: {status:?}"
+        );
+    }
+    // Deep values, every way out: never a completed deep value, never a crash.
+    for way in 0..8u8 {
+        let status = harness::deep(&[2, 0xa0, 0x0f, way]);
+        assert!(!matches!(&status, Some(Status::Completed(v)) if v.len() > 4000), "way {way}: {status:?}");
+    }
+}

@@ -113,6 +113,7 @@ impl Engine {
             max_bridge_bytes,
             search_default_limit,
             max_search_limit,
+            ..Limits::default()
         };
         Inner::new(limits, catalog.inner.clone()).map(|inner| Engine { inner }).map_err(errors::init_error)
     }
@@ -183,9 +184,23 @@ fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("PRELUDE_HASH", format!("{:016x}", codemode_engine::prelude_hash()))?;
     m.add("YIELD_TOOL", codemode_engine::YIELD_TOOL)?;
+    m.add("MAX_NESTING", codemode_engine::nesting::MAX_NESTING)?;
+    m.add("MAX_VALUE_DEPTH", codemode_engine::limits::MAX_VALUE_DEPTH)?;
+    m.add("MAX_REPORT_BYTES", codemode_engine::limits::MAX_REPORT_BYTES)?;
     m.add(
         "__all__",
-        ["PRELUDE_HASH", "YIELD_TOOL", "Catalog", "Engine", "EngineInitError", "__version__", "spin_readable"],
+        [
+            "MAX_NESTING",
+            "MAX_REPORT_BYTES",
+            "MAX_VALUE_DEPTH",
+            "PRELUDE_HASH",
+            "YIELD_TOOL",
+            "Catalog",
+            "Engine",
+            "EngineInitError",
+            "__version__",
+            "spin_readable",
+        ],
     )?;
     Ok(())
 }

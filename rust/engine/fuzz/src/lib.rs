@@ -23,7 +23,8 @@
 
 use std::sync::{Arc, OnceLock};
 
-use codemode_engine::{Catalog, Engine, Language, Limits, Outcome, Settlement, Status};
+use codemode_engine::limits::{json_nests_deeper_than, MAX_VALUE_DEPTH};
+use codemode_engine::{Catalog, Engine, Language, Limits, Outcome, OutputKind, Settlement, Status};
 
 /// Ends the source; settle operations follow.
 pub const SOURCE_END: u8 = 0xFE;
@@ -206,6 +207,8 @@ fn setup(b0: u8, b1: u8) -> Setup {
         max_pending_calls: [1, 2, 4, 16][usize::from((b0 >> 5) & 3)],
         max_output_bytes: [1 << 10, 4 << 10, 64 << 10, 1 << 20][usize::from(b1 & 3)],
         max_bridge_bytes: [64, 4 << 10, 64 << 10, 16 << 20][usize::from((b1 >> 2) & 3)],
+        // Tight enough that a few bridge-sized inputs meet it.
+        max_report_bytes: [256 << 10, 1 << 20, 4 << 20, 40 << 20][usize::from(b1 & 3)],
         ..Limits::default()
     };
     const CLOCKS: [&[f64]; 4] = [&[], &[f64::NAN, f64::INFINITY], &[0.0, -1e308, 8.64e15], &[1e15]];
@@ -296,6 +299,31 @@ impl Run {
             );
             self.issued.push(call.id);
             self.pending.push(call.id);
+        }
+        let report: usize = outcome.calls.iter().map(|c| c.tool.len() + c.input_json.len()).sum::<usize>()
+            + outcome.outputs.iter().map(|o| o.text.len()).sum::<usize>()
+            + outcome.clock_reads.len() * 9;
+        assert!(
+            report <= limits.max_report_bytes,
+            "a {report}-byte report past a {}-byte budget",
+            limits.max_report_bytes
+        );
+        for json in outcome
+            .calls
+            .iter()
+            .map(|c| &c.input_json)
+            .chain(outcome.outputs.iter().filter(|o| o.kind == OutputKind::Json).map(|o| &o.text))
+        {
+            assert!(
+                !json_nests_deeper_than(json, MAX_VALUE_DEPTH),
+                "a value nested past {MAX_VALUE_DEPTH} left the guest"
+            );
+        }
+        if let Status::Completed(json) = &outcome.status {
+            assert!(
+                !json_nests_deeper_than(json, MAX_VALUE_DEPTH),
+                "a value nested past {MAX_VALUE_DEPTH} was returned"
+            );
         }
         self.output_bytes += outcome.outputs.iter().map(|o| o.text.len()).sum::<usize>();
         assert!(
@@ -413,4 +441,110 @@ pub fn run(data: &[u8]) -> Option<Status> {
     // Dropping the engine here, finished or still pending, must not abort.
     drop(engine);
     Some(last)
+}
+
+// ---- deep and large sources and values (the `frontend` target) ---------------------------
+
+/// `(open, close)` fragments whose repetition nests: every construct class the front end's
+/// pre-scan and gauge must bound, and literals that try to hide closers from the scan.
+pub const NESTERS: &[(&str, &str)] = &[
+    ("[", "]"),
+    ("(", ")"),
+    ("{", "}"),
+    ("{a:", "}"),
+    ("`${", "}`"),
+    ("f(", ")"),
+    ("x=>", ""),
+    ("async x=>", ""),
+    ("a=", ""),
+    ("a+=", ""),
+    ("1?1:", ""),
+    ("1**", ""),
+    ("!", ""),
+    ("- ", ""),
+    ("typeof ", ""),
+    ("await ", ""),
+    ("new ", ""),
+    ("void ", ""),
+    ("1+", ""),
+    ("a.b+", ""),
+    ("", "()"),
+    ("a[0]+", ""),
+    ("if(1)", ""),
+    ("if(0)1;else ", ""),
+    ("while(0)", ""),
+    ("l:", ""),
+    ("function f(){", "}"),
+    ("<any>", ""),
+    ("Array<", ">"),
+    ("keyof ", ""),
+    ("() => ", ""),
+    ("\"]]]]\"+", ""),
+    ("/]]]]/,", ""),
+    ("{}/", ""),
+    ("(function(){})/", ""),
+    ("/* ] */", ""),
+    ("\n", ""),
+];
+
+/// Most source bytes one input may build (the worker takes frames up to 64 MiB; libFuzzer's
+/// speed wants less, and depth, not size, is what recursion meets).
+const MAX_SOURCE: usize = 4 << 20;
+
+/// Builds a cell from the input: byte 0 picks the language (bit 0) and whether the rest
+/// describes a source (nesting fragments, each `index, count_lo, count_hi`, opened in order and
+/// closed in reverse, then raw bytes) or a deep value (`depth_lo, depth_hi, way`) sent out of
+/// the guest one way. Runs it through the front end and, if it passes, the engine; panics only
+/// on a finding (a crash is one too: ASan reports a stack overflow).
+pub fn deep(data: &[u8]) -> Option<Status> {
+    let mut input = Bytes { data };
+    let b0 = input.byte();
+    let language = if b0 & 1 == 1 { Language::TypeScript } else { Language::JavaScript };
+    let source = if b0 & 2 == 0 { nested_source(&mut input) } else { deep_value(&mut input) };
+    let limits = Limits { memory_bytes: 16 << 20, max_report_bytes: 1 << 20, ..Limits::default() };
+    let mut engine = Engine::new(limits, catalog(false)).ok()?;
+    let mut run = Run { limits, issued: Vec::new(), pending: Vec::new(), output_bytes: 0 };
+    let outcome = engine.start(&source, language, 50.0, 0, "{}");
+    run.check(&outcome);
+    if let Status::Failed(f) = &outcome.status {
+        assert!(f.code.is_some() || !f.name.is_empty(), "a failure without a name: {f:?}");
+    }
+    Some(outcome.status)
+}
+
+fn nested_source(input: &mut Bytes<'_>) -> String {
+    let mut opens = String::from("return ");
+    let mut closes: Vec<&str> = Vec::new();
+    while !input.is_empty() && input.data.first() != Some(&SOURCE_END) {
+        let (open, close) = NESTERS[usize::from(input.byte()) % NESTERS.len()];
+        let count = usize::from(u16::from_le_bytes([input.byte(), input.byte()]));
+        let count = count.min(MAX_SOURCE.saturating_sub(opens.len()) / (open.len() + close.len()).max(1));
+        opens.push_str(&open.repeat(count));
+        closes.push(close);
+        for _ in 1..count {
+            closes.push(close);
+        }
+    }
+    input.byte();
+    opens.push('0');
+    for close in closes.iter().rev() {
+        opens.push_str(close);
+    }
+    opens.push_str(&String::from_utf8_lossy(input.take(4096)));
+    opens
+}
+
+fn deep_value(input: &mut Bytes<'_>) -> String {
+    let depth = u16::from_le_bytes([input.byte(), input.byte()]);
+    let way = [
+        "return v",
+        "json(v)",
+        "await tools.callValue('t', v)",
+        "store('k', v)",
+        "console.log(v)",
+        "await yield_control(v)",
+        "return {a: [v]}",
+        "text(v)",
+    ][usize::from(input.byte()) % 8];
+    format!("let v = 0; for (let i = 0; i < {depth}; i++) v = (i & 1) ? [v] : {{v}};\ntry {{ {way} }} catch (e) {{ return e.name }}")
 }
