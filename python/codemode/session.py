@@ -645,11 +645,13 @@ class CodeMode:
         )
         dispatcher.parent = f"call_{next(self._call_ids)}"
         tool = view.tools.get(tool_id)
-        payload = msgspec.json.encode(args if args is not None else {}).decode()
-        if tool is not None and tool.source == "mcp":
-            call = (1, MCP_TOOL, msgspec.json.encode({"id": tool_id, "input": args or {}}).decode())
-        else:
-            call = (1, tool_id, payload)
+        try:  # the model's arguments: as hostile as a guest's
+            if tool is not None and tool.source == "mcp":
+                call = (1, MCP_TOOL, msgspec.json.encode({"id": tool_id, "input": args or {}}).decode())
+            else:
+                call = (1, tool_id, msgspec.json.encode(args if args is not None else {}).decode())
+        except (TypeError, ValueError, RecursionError, MemoryError) as e:
+            return {"tool": tool_id, "error": f"tool arguments are not JSON the host can carry: {type(e).__name__}"}
         inline = dispatcher.submit([call])
         if inline is not None:
             inline()  # a sync tool: here, on the caller's thread

@@ -31,7 +31,7 @@ from .hotloop import HotLoop
 from .mcp_api import check_op_input, declarations, mcp_names, tool_declaration
 from .namespaces import CallTable
 from .policy import Approver, Block, Hook, HookResult, Policy, Rewrite, ToolCallEvent, Trace, TraceEvent
-from .protocol import utf8_len
+from .protocol import too_heavy, utf8_len
 
 __all__ = [
     "MAX_BRIDGE_BYTES",
@@ -75,6 +75,12 @@ MAX_ERROR_CHARS = 4096
 _UNTRUSTED_CHECK_CHARS = 1 << 20
 #: Characters of an unreachable MCP server's reason in the catalog.
 _MAX_REASON_CHARS = 1000
+#: The most a run catalog may take as JSON: it goes to each worker in one frame, under
+#: ``protocol.MAX_FRAME_BYTES``. Past it, descriptions are cut and full schemas dropped (the
+#: compact hints stay) until it fits: many large tools make a terse catalog, not a failed exec.
+CATALOG_BUDGET_BYTES = 16 << 20
+#: What `_fitted` cuts descriptions to, in turn, and from which step it drops full schemas.
+_FIT_DESCRIPTION_CHARS = (1024, 1024, 160)
 
 
 class Tool(msgspec.Struct, frozen=True, kw_only=True):
@@ -313,7 +319,7 @@ class ToolRegistry:
                 if server in unavailable:
                     described[server]["reason"] = unavailable[server]
             api = declarations(mcp, names, unavailable) if described else {}
-            catalog_json = _encode({"tools": entries, "api": api, "mcpServers": described}).decode()
+            catalog_json = _fitted(entries, {"api": api, "mcpServers": described})
             fingerprint = hashlib.blake2b(catalog_json.encode(), digest_size=16).hexdigest()
             counts = {"host": 0, "mcp": 0, "client": 0}
             for tool in tools.values():
@@ -458,6 +464,21 @@ def _planning_failure(subject: str, exc: BaseException) -> str:
     if isinstance(exc, MemoryError):
         return f"{subject}: input is too large for the host"
     return _bounded_error(f"{subject} failed: {_TYPE_NAME.__get__(type(exc))}: {_exception_text(exc)}")
+
+
+def _fitted(entries: list[dict[str, Any]], rest: dict[str, Any]) -> str:
+    """The catalog JSON of ``entries`` (plus ``rest``), within ``CATALOG_BUDGET_BYTES``."""
+    text = _encode({"tools": entries, **rest})
+    for step, chars in enumerate(_FIT_DESCRIPTION_CHARS):
+        if len(text) <= CATALOG_BUDGET_BYTES:
+            break
+        for entry in entries:
+            entry["description"] = catalog.bounded_text(entry["description"], chars)
+            if step:
+                entry.pop("parameters", None)
+                entry.pop("outputSchema", None)
+        text = _encode({"tools": entries, **rest})
+    return text.decode()
 
 
 def result_bytes(result: Result) -> int:
@@ -610,6 +631,9 @@ class Dispatcher:
 
     def _plan(self, call_id: int, tool_id: str, input_json: str) -> _Plan:
         """How one call starts (nothing is started or recorded here); `submit` guards it."""
+        heavy = too_heavy(input_json)
+        if heavy is not None:  # weighed before it is decoded
+            return self._answer(call_id, None, f"{_subject(tool_id)}: input is too heavy for the host: {heavy}")
         via_mcp = tool_id == MCP_TOOL
         resolved = None
         args: Any = _UNDECODED

@@ -314,3 +314,64 @@ def test_a_value_of_too_many_arrays_fails_the_run_before_the_host_decodes_it(mak
     under = f"let a = []; for (let i = 0; i < {MAX_VALUE_CONTAINERS // 2}; i++) a.push([]); return a.length"
     assert exec_(cm.session(), under)["value"] == MAX_VALUE_CONTAINERS // 2
     recovers(cm)
+
+
+def test_a_tool_input_of_too_many_arrays_fails_its_call_before_the_host_decodes_it(make_codemode):
+    cm = make_codemode({"workers": 1, "memoryLimitBytes": 256 * MiB})
+    seen: list[Any] = []
+
+    @cm.tool
+    def echo(value: Any = None) -> Any:
+        seen.append(value)
+        return 1
+
+    code = f"""
+      let a = []; for (let i = 0; i < {MAX_VALUE_CONTAINERS + 10}; i++) a.push([]);
+      try {{ await tools.echo({{value: a}}); return 'called' }} catch (e) {{ return String(e) }}
+    """
+    result = exec_(cm.session(), code)
+    assert result["status"] == "completed", result
+    assert "input is too heavy for the host: a value of" in result["value"]
+    assert seen == []  # the tool never ran
+    recovers(cm)
+
+
+@pytest.mark.parametrize("surface_args", ["deep", "not-json"])
+def test_model_arguments_to_tool_call_the_host_cannot_encode_are_an_error_result(make_codemode, surface_args):
+    cm = make_codemode({"workers": 1})
+
+    @cm.tool
+    def echo(value: Any = None) -> Any:
+        return value
+
+    args: Any = {"value": object()}
+    if surface_args == "deep":
+        args = 1
+        for _ in range(5000):
+            args = [args]
+        args = {"value": args}
+    result = cm.session().handle("tool_call", {"id": "host:core:echo", "args": args})
+    assert result["error"].startswith("tool arguments are not JSON the host can carry"), result
+    recovers(cm)
+
+
+def test_a_catalog_too_large_for_one_frame_is_made_terse_not_fatal(make_codemode):
+    """9,000 tools with 8 KiB descriptions (74 MB of catalog, over the 64 MiB frame): the catalog
+    still reaches every worker, with cut descriptions, and every exec still runs and finds them."""
+    cm = make_codemode({"workers": 1})
+
+    def make(n: int) -> Any:
+        def tool(q: str = "") -> int:
+            return n
+
+        return tool
+
+    for n in range(9000):
+        cm.add_tool(make(n), name=f"tool_{n}", description=f"finds record {n} " + "x" * 8200)
+    found = exec_(
+        cm.session(), "return [(await tools.search('record 1234', {limit: 1}))[0].id, await tools.tool_7({})]"
+    )
+    assert found["value"] == ["host:core:tool_1234", 7], found
+    described = exec_(cm.session(), "return (await tools.describe('host:core:tool_1')).description")
+    assert described["value"].startswith("finds record 1 x") and len(described["value"]) <= 1024
+    recovers(cm)
