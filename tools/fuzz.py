@@ -7,11 +7,17 @@ hypothesis, each for ``FUZZ_SECONDS`` (default 60); prints executions, seconds a
   failed ASan build falls back to none, and says so). Seeds: the hostile corpus
   (``tests/hostile/corpus.py``) and a few bridge cells, written at run time into
   ``target/fuzz/seeds``; the working corpus and artifacts stay under ``target/fuzz`` too.
+* ``deep``: the cargo-fuzz target ``deep`` in the same crate: deep and large sources (every
+  construct class that makes a parser or visitor recurse, repeated up to 65,535 times and
+  nested, up to 4 MiB) and values nested up to 65,535 deep sent out every way (return, json,
+  tool input, store, console, yield), through the front end and the engine; seeds are its
+  regression inputs (``rust/engine/fuzz/regressions-deep/``) and one input per construct.
 * ``frames``: ``tests/frame_fuzz.py``'s property over the host's ``WorkerProcess.recv``.
 
-A crash becomes a committed regression input: ``rust/engine/fuzz/regressions/`` (replayed by
-``cargo test``: ``rust/engine/tests/fuzz_regressions.rs``) or ``tests/fuzz_regressions/frames/``
-(replayed by ``tests/test_frame_fuzz.py``). The command fails if it found any crash.
+A crash becomes a committed regression input: ``rust/engine/fuzz/regressions/`` or
+``regressions-deep/`` (replayed by ``cargo test``: ``rust/engine/tests/fuzz_regressions.rs``),
+or ``tests/fuzz_regressions/frames/`` (replayed by ``tests/test_frame_fuzz.py``). The command
+fails if it found any crash.
 """
 
 from __future__ import annotations
@@ -34,6 +40,10 @@ WORK = ROOT / "target" / "fuzz"
 TOOLS = ROOT / ".tools"
 CARGO_FUZZ_VERSION = "0.13.2"
 ENGINE_REGRESSIONS = FUZZ_DIR / "regressions"
+DEEP_REGRESSIONS = FUZZ_DIR / "regressions-deep"
+#: The deep target's nesting fragments (``NESTERS`` in rust/engine/fuzz/src/lib.rs): a seed
+#: per fragment index below this bound.
+DEEP_NESTERS = 37
 FRAME_REGRESSIONS = ROOT / "tests" / "fuzz_regressions" / "frames"
 #: libFuzzer's per-input limit: well past any slice the harness gives the guest (24 x 80 ms).
 UNIT_TIMEOUT_S = 20
@@ -125,6 +135,20 @@ def engine_seeds(into: Path) -> int:
     return len(seeds)
 
 
+def deep_seeds(into: Path) -> int:
+    """The deep target's seeds: its regression inputs, and each nesting fragment 2,000 deep
+    inside an array 300 deep (byte layout: ``rust/engine/fuzz/src/lib.rs``, ``deep``)."""
+    if into.exists():
+        shutil.rmtree(into)
+    into.mkdir(parents=True)
+    seeds = [p.read_bytes() for p in sorted(DEEP_REGRESSIONS.iterdir())]
+    seeds += [bytes([lang, 0, 0x2C, 0x01, k, 0xD0, 0x07]) + SOURCE_END for k in range(DEEP_NESTERS) for lang in (0, 1)]
+    seeds += [bytes([2, 0x10, 0x27, way]) for way in range(8)]
+    for seed in seeds:
+        (into / hashlib.sha1(seed).hexdigest()).write_bytes(seed)
+    return len(seeds)
+
+
 # ---- engine: build and run ------------------------------------------------------------------
 def cargo_fuzz_env() -> dict[str, str]:
     env = dict(os.environ)
@@ -145,28 +169,31 @@ def ensure_cargo_fuzz(env: dict[str, str]) -> None:
     )
 
 
-def build_engine(env: dict[str, str], sanitizer: str) -> tuple[Path, str]:
+def build_engine(env: dict[str, str], sanitizer: str, target: str) -> tuple[Path, str]:
     """Builds the target (release + debug assertions); returns its path and the sanitizer used."""
     for attempt in dict.fromkeys([sanitizer, "none"]):
-        log(f"cargo fuzz build engine (sanitizer: {attempt})")
-        command = ["cargo", "fuzz", "build", "engine", "--fuzz-dir", str(FUZZ_DIR), "--target-dir", str(WORK)]
+        log(f"cargo fuzz build {target} (sanitizer: {attempt})")
+        command = ["cargo", "fuzz", "build", target, "--fuzz-dir", str(FUZZ_DIR), "--target-dir", str(WORK)]
         command += ["--sanitizer", attempt]
         if subprocess.run(command, env=env, cwd=ROOT).returncode == 0:
             host = subprocess.run(["rustc", "-vV"], capture_output=True, text=True, check=True).stdout
             triple = re.search(r"^host: (\S+)", host, re.M)
-            binary = WORK / (triple.group(1) if triple else "") / "release" / "engine"
+            binary = WORK / (triple.group(1) if triple else "") / "release" / target
             return binary, attempt
         log(f"the {attempt} build failed" + ("; retrying without a sanitizer" if attempt != "none" else ""))
     raise SystemExit("cannot build the engine fuzz target")
 
 
-def fuzz_engine(seconds: float, sanitizer: str) -> Figures:
+def fuzz_engine(seconds: float, sanitizer: str, target: str = "engine") -> Figures:
     env = cargo_fuzz_env()
     ensure_cargo_fuzz(env)
-    binary, used = build_engine(env, sanitizer)
-    figures = Figures("engine", note=f"libFuzzer, sanitizer: {used}")
-    seeds, corpus, artifacts = WORK / "seeds" / "engine", WORK / "corpus" / "engine", WORK / "artifacts" / "engine"
-    log(f"{engine_seeds(seeds)} seeds from tests/hostile and the bridge cells")
+    binary, used = build_engine(env, sanitizer, target)
+    figures = Figures(target, note=f"libFuzzer, sanitizer: {used}")
+    seeds, corpus, artifacts = WORK / "seeds" / target, WORK / "corpus" / target, WORK / "artifacts" / target
+    if target == "deep":
+        log(f"{deep_seeds(seeds)} seeds: the deep regressions and one per nesting construct")
+    else:
+        log(f"{engine_seeds(seeds)} seeds from tests/hostile and the bridge cells")
     corpus.mkdir(parents=True, exist_ok=True)
     artifacts.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
@@ -180,7 +207,8 @@ def fuzz_engine(seconds: float, sanitizer: str) -> Figures:
             f"-max_total_time={int(left)}",
             f"-timeout={UNIT_TIMEOUT_S}",
             "-max_len=8192",
-            "-rss_limit_mb=2048",
+            # The deep target builds sources of up to 4 MiB from short inputs.
+            "-rss_limit_mb=2048" if target == "engine" else "-rss_limit_mb=4096",
             "-print_final_stats=1",
             f"-artifact_prefix={artifacts}/",
         ]
@@ -205,9 +233,10 @@ def fuzz_engine(seconds: float, sanitizer: str) -> Figures:
                 (directory / digest).unlink(missing_ok=True)
     figures.seconds = time.monotonic() - start
     if figures.crashes:
-        ENGINE_REGRESSIONS.mkdir(parents=True, exist_ok=True)
+        regressions = DEEP_REGRESSIONS if target == "deep" else ENGINE_REGRESSIONS
+        regressions.mkdir(parents=True, exist_ok=True)
         for artifact in figures.crashes:
-            shutil.copy(artifact, ENGINE_REGRESSIONS / artifact.name)
+            shutil.copy(artifact, regressions / artifact.name)
     return figures
 
 
@@ -276,7 +305,7 @@ def fuzz_frames(seconds: float) -> Figures:
 def main() -> int:
     seconds = float(os.environ.get("FUZZ_SECONDS", "60"))
     sanitizer = os.environ.get("FUZZ_SANITIZER", "address")
-    results = [fuzz_engine(seconds, sanitizer)]
+    results = [fuzz_engine(seconds, sanitizer), fuzz_engine(seconds, sanitizer, "deep")]
     log(f"frames: hypothesis for {seconds:g} s")
     results.append(fuzz_frames(seconds))
     print()
