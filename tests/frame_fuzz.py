@@ -158,7 +158,7 @@ reports = st.builds(
     failure=st.none() | st.tuples(failure_codes, texts, long_texts, texts),
     outputs=st.lists(st.tuples(output_kinds, long_texts), max_size=4),
     calls=st.lists(st.tuples(ints, texts, texts), max_size=4),
-    clock_reads=st.lists(floats, max_size=4),
+    clock_reads=st.lists(st.tuples(floats, st.integers(1, (1 << 32) - 1)), max_size=4),
     in_flight=ints,
     memory_bytes=ints,
     searches=ints,

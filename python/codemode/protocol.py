@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -20,6 +20,7 @@ from .errors import ProtocolError
 
 __all__ = [
     "MAX_FRAME_BYTES",
+    "ClockRun",
     "Configure",
     "Drop",
     "Fault",
@@ -46,6 +47,10 @@ MAX_FRAME_BYTES = 64 << 20
 MAX_VALUE_CONTAINERS = 1 << 18
 
 _HEADER = struct.Struct(">I")
+
+#: A clock reading (whole ms) and how many times in a row the guest read it: the journal keeps
+#: runs, so a loop of ``Date.now()`` costs a report one entry per millisecond, not per read.
+ClockRun = tuple[float, Annotated[int, msgspec.Meta(ge=1, le=(1 << 32) - 1)]]
 
 
 class EngineLimits(msgspec.Struct, frozen=True, array_like=True):
@@ -91,7 +96,7 @@ class Replay(msgspec.Struct, tag="replay", array_like=True):
 
     start: Start
     batches: list[list[tuple[int, bool, str]]]
-    clock_reads: list[float]
+    clock_reads: list[ClockRun]
 
 
 class Drop(msgspec.Struct, tag="drop", array_like=True):
@@ -122,7 +127,7 @@ class Report(msgspec.Struct, tag="report", array_like=True):
     failure: tuple[FailureCode | None, str, str, str] | None
     outputs: list[tuple[OutputKind, str]]
     calls: list[tuple[int, str, str]]
-    clock_reads: list[float]
+    clock_reads: list[ClockRun]
     in_flight: int
     memory_bytes: int
     searches: int

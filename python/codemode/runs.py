@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from .protocol import EngineLimits, utf8_len
+from .protocol import ClockRun, EngineLimits, utf8_len
 
 if TYPE_CHECKING:
     from .protocol import Configure
@@ -93,7 +93,8 @@ class Journal(msgspec.Struct, kw_only=True):
     calls: list[JournalCall] = msgspec.field(default_factory=list)
     #: Result batches ``(call_id, ok, payload)`` in the order they were settled.
     batches: list[list[tuple[int, bool, str]]] = msgspec.field(default_factory=list)
-    clock_reads: list[float] = msgspec.field(default_factory=list)
+    #: Clock readings as runs ``(ms, times read in a row)``, in the order they were read.
+    clock_reads: list[ClockRun] = msgspec.field(default_factory=list)
     #: Inputs of calls still in flight at suspension (JSON text), so another process can redo
     #: them; only restart-safe runs (read-only tools) may.
     open_inputs: dict[int, str] = msgspec.field(default_factory=dict)

@@ -31,8 +31,12 @@ pub const MAX_OUTPUT_CALLS: usize = 100_000;
 /// framing, the call id), counted so that many tiny ones cannot pass the budget either.
 const CALL_OVERHEAD: usize = 32;
 const OUTPUT_OVERHEAD: usize = 8;
-const CLOCK_READ_BYTES: usize = 9;
+const CLOCK_READ_BYTES: usize = 14;
 
+/// A clock reading and how many times in a row the guest read it. A loop of `Date.now()`
+/// reads the same millisecond thousands of times: journaled as runs, a 60 s busy-wait costs
+/// its report at most 60,000 of them, not millions of readings.
+pub type ClockRun = (f64, u32);
 /// Why the engine would not hold more for the guest until the next outcome.
 enum Refusal {
     /// The report would not fit in a frame.
@@ -214,8 +218,8 @@ pub struct Outcome {
     pub calls: Vec<ToolCall>,
     /// Outputs produced since the previous outcome.
     pub outputs: Vec<Output>,
-    /// Clock readings taken since the previous outcome (for the journal).
-    pub clock_reads: Vec<f64>,
+    /// Clock readings taken since the previous outcome (for the journal), as runs.
+    pub clock_reads: Vec<ClockRun>,
     /// Calls started and not yet settled.
     pub in_flight: usize,
     /// Bytes the QuickJS heap holds now.
@@ -260,9 +264,9 @@ struct State {
     outputs: Vec<Output>,
     output_bytes: usize,
     output_calls: usize,
-    clock_reads: Vec<f64>,
+    clock_reads: Vec<ClockRun>,
     /// Readings to serve before the real clock (journal replay), oldest last.
-    clock_replay: Vec<f64>,
+    clock_replay: Vec<ClockRun>,
 }
 
 /// The prelude functions Rust calls; never reachable from guest code.
@@ -365,8 +369,9 @@ fn throw_uncatchable(ctx: &Ctx<'_>, message: &str) -> rquickjs::Error {
     }
 }
 
+/// Whole milliseconds since the epoch, as `Date.now()` gives them.
 fn now_ms() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64() * 1000.0).unwrap_or(0.0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as f64).unwrap_or(0.0)
 }
 
 impl Engine {
@@ -398,10 +403,10 @@ impl Engine {
         Ok(Engine { cell: None, internals, state, context, runtime, flags, started: false })
     }
 
-    /// Serves these clock readings (oldest first) before the real clock: journal replay.
-    pub fn replay_clock(&mut self, readings: &[f64]) {
+    /// Serves these clock readings (runs, oldest first) before the real clock: journal replay.
+    pub fn replay_clock(&mut self, readings: &[ClockRun]) {
         let mut state = self.state.borrow_mut();
-        state.clock_replay = readings.iter().rev().copied().collect();
+        state.clock_replay = readings.iter().rev().filter(|(_, count)| *count > 0).copied().collect();
     }
 
     /// Starts the cell: checks and transpiles the source, then runs it until it completes,
@@ -815,8 +820,25 @@ fn install_prelude<'js>(
         "now",
         Function::new(ctx.clone(), move |ctx: Ctx<'js>| -> rquickjs::Result<f64> {
             let mut st = clock_state.borrow_mut();
-            // Every reading is journaled, so it rides in the next report: a loop of
-            // `Date.now()` must not grow one past its frame.
+            let reading = match st.clock_replay.last_mut() {
+                Some((value, count)) => {
+                    let value = *value;
+                    *count -= 1;
+                    if *count == 0 {
+                        st.clock_replay.pop();
+                    }
+                    value
+                }
+                None => now_ms(),
+            };
+            if let Some((last, count)) = st.clock_reads.last_mut() {
+                if *last == reading && *count < u32::MAX {
+                    *count += 1; // the same millisecond again: its run grows, the report does not
+                    return Ok(reading);
+                }
+            }
+            // A new reading rides in the next report: a clock that keeps changing must not
+            // grow one past its frame either.
             match hold(&clock_flags, &st.limits, CLOCK_READ_BYTES) {
                 Ok(()) => {}
                 Err(Refusal::Report) => {
@@ -830,8 +852,7 @@ fn install_prelude<'js>(
                     return Err(throw_uncatchable(&ctx, "code mode memory limit exceeded"));
                 }
             }
-            let reading = st.clock_replay.pop().unwrap_or_else(now_ms);
-            st.clock_reads.push(reading);
+            st.clock_reads.push((reading, 1));
             Ok(reading)
         })?,
     )?;

@@ -13,8 +13,8 @@ pub mod search;
 
 pub use catalog::Catalog;
 pub use engine::{
-    prelude_hash, Engine, EngineError, ErrorCode, Failure, Outcome, Output, OutputKind, Settlement, Status, ToolCall,
-    YIELD_TOOL,
+    prelude_hash, ClockRun, Engine, EngineError, ErrorCode, Failure, Outcome, Output, OutputKind, Settlement, Status,
+    ToolCall, YIELD_TOOL,
 };
 pub use frontend::Language;
 pub use limits::Limits;

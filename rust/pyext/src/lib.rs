@@ -24,7 +24,7 @@ type PyOutcome = (
     Option<PyFailure>,
     Vec<(u8, String)>,
     Vec<(u32, String, String)>,
-    Vec<f64>,
+    Vec<(f64, u32)>,
     usize,
     usize,
     u32,
@@ -143,7 +143,7 @@ impl Engine {
     }
 
     /// Serves these clock readings before the real clock (journal replay).
-    fn replay_clock(&mut self, readings: Vec<f64>) {
+    fn replay_clock(&mut self, readings: Vec<(f64, u32)>) {
         self.inner.replay_clock(&readings);
     }
 

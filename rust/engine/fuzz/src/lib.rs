@@ -24,7 +24,7 @@
 use std::sync::{Arc, OnceLock};
 
 use codemode_engine::limits::{json_nests_deeper_than, MAX_VALUE_DEPTH};
-use codemode_engine::{Catalog, Engine, Language, Limits, Outcome, OutputKind, Settlement, Status};
+use codemode_engine::{Catalog, ClockRun, Engine, Language, Limits, Outcome, OutputKind, Settlement, Status};
 
 /// Ends the source; settle operations follow.
 pub const SOURCE_END: u8 = 0xFE;
@@ -197,7 +197,7 @@ struct Setup {
     limits: Limits,
     slice_ms: f64,
     with_catalog: bool,
-    clock: &'static [f64],
+    clock: &'static [ClockRun],
     seed: u64,
 }
 
@@ -211,7 +211,8 @@ fn setup(b0: u8, b1: u8) -> Setup {
         max_report_bytes: [256 << 10, 1 << 20, 4 << 20, 40 << 20][usize::from(b1 & 3)],
         ..Limits::default()
     };
-    const CLOCKS: [&[f64]; 4] = [&[], &[f64::NAN, f64::INFINITY], &[0.0, -1e308, 8.64e15], &[1e15]];
+    const CLOCKS: [&[ClockRun]; 4] =
+        [&[], &[(f64::NAN, 1), (f64::INFINITY, 0)], &[(0.0, 2), (-1e308, 1), (8.64e15, u32::MAX)], &[(1e15, 3)]];
     Setup {
         language: if b0 & 1 == 1 { Language::TypeScript } else { Language::JavaScript },
         limits,
@@ -302,7 +303,7 @@ impl Run {
         }
         let report: usize = outcome.calls.iter().map(|c| c.tool.len() + c.input_json.len()).sum::<usize>()
             + outcome.outputs.iter().map(|o| o.text.len()).sum::<usize>()
-            + outcome.clock_reads.len() * 9;
+            + outcome.clock_reads.len() * 14;
         assert!(
             report <= limits.max_report_bytes,
             "a {report}-byte report past a {}-byte budget",
