@@ -16,7 +16,7 @@ import sys
 
 from . import protocol
 from ._engine import Catalog, Engine, EngineInitError, __version__
-from .protocol import Configure, Drop, Fault, Ready, Replay, Report, Settle, Start
+from .protocol import Configure, Drop, Fault, Ready, Replay, Report, Settle, Start, input_hash
 
 #: How long a worker whose run just parked on tool calls gives the host to answer before it
 #: does its idle work (freeing the last engine, building the next), in seconds.
@@ -30,6 +30,11 @@ def _limit(kind: int, value: int) -> None:
     _soft, hard = resource.getrlimit(kind)
     cap = value if hard == resource.RLIM_INFINITY else min(value, hard)
     resource.setrlimit(kind, (cap, hard if hard != resource.RLIM_INFINITY else cap))
+
+
+def _hashed(calls: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
+    """A replay's calls as its report carries them: each input by its hash."""
+    return [(call_id, tool, input_hash(data)) for call_id, tool, data in calls]
 
 
 def _report(run: int, outcome: tuple) -> Report:  # type: ignore[type-arg]
@@ -108,12 +113,12 @@ class Worker:
             return Fault(start.run, str(e))
         engine.replay_clock(frame.clock_reads)
         outcome = engine.start(start.source, start.language, start.timeout_ms, start.seed, start.run_json)
-        calls = list(outcome[4])
+        calls = _hashed(outcome[4])
         for batch in frame.batches:
             if outcome[0] != "pending":
                 break
             outcome = engine.settle(batch, start.timeout_ms)
-            calls.extend(outcome[4])
+            calls.extend(_hashed(outcome[4]))
         status, value, failure, _outputs, _calls, _clock, in_flight, memory, _searches, _describes, writes = outcome
         if status == "pending":
             self.resident[start.run] = engine

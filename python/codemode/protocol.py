@@ -10,6 +10,7 @@ as the expected union is a ``ProtocolError`` and its sender is discarded.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 from typing import Annotated, Any, Literal
@@ -34,6 +35,7 @@ __all__ = [
     "WorkerFrame",
     "decode_guest_json",
     "encode",
+    "input_hash",
     "too_heavy",
     "utf8_len",
 ]
@@ -92,7 +94,9 @@ class Settle(msgspec.Struct, tag="settle", array_like=True):
 
 class Replay(msgspec.Struct, tag="replay", array_like=True):
     """Rebuild a suspended run from its journal: start, settle each batch, keep it resident.
-    The report lists every call the replay made (for the host's divergence check), no outputs."""
+    The report lists every call the replay made, with its input's `input_hash` in place of the
+    input (for the host's divergence check: a run's inputs together may not fit a frame), and
+    no outputs."""
 
     start: Start
     batches: list[list[tuple[int, bool, str]]]
@@ -215,6 +219,11 @@ def write_all(fd: int, data: bytes) -> None:
 
 host_decoder = msgspec.msgpack.Decoder(HostFrame)
 worker_decoder = msgspec.msgpack.Decoder(WorkerFrame)
+
+
+def input_hash(input_json: str) -> str:
+    """What journals record of a call's input, and what a replay's report carries in its place."""
+    return hashlib.blake2b(input_json.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 def utf8_len(text: str) -> int:

@@ -13,7 +13,6 @@ journal fails with a divergence error instead of guessing.
 from __future__ import annotations
 
 import enum
-import hashlib
 import secrets
 import threading
 import time
@@ -38,7 +37,6 @@ __all__ = [
     "RunTable",
     "Scope",
     "Step",
-    "input_hash",
     "journal_size",
 ]
 
@@ -62,10 +60,6 @@ def journal_size(journal: Journal) -> int:
     """The bytes a journal holds that grow with what the run does (payloads and open inputs)."""
     payloads = sum(utf8_len(payload) for batch in journal.batches for _, _, payload in batch)
     return payloads + sum(utf8_len(data) for data in journal.open_inputs.values())
-
-
-def input_hash(input_json: str) -> str:
-    return hashlib.blake2b(input_json.encode(), digest_size=16).hexdigest()
 
 
 class JournalCall(msgspec.Struct, array_like=True, frozen=True):

@@ -66,10 +66,11 @@ from .protocol import (
     Settle,
     Start,
     decode_guest_json,
+    input_hash,
     too_heavy,
     utf8_len,
 )
-from .runs import JournalCall, Phase, Run, Step, input_hash
+from .runs import JournalCall, Phase, Run, Step
 from .workers import READER_THREAD, WORKER_ADDRESS_SLACK, Inflight, Lane, WorkerProcess
 
 if TYPE_CHECKING:
@@ -814,7 +815,7 @@ class Supervisor:
     def _replayed(self, lane: Lane, run: Run, report: Report, inflight: Inflight, out: Out) -> None:
         journal, step = run.journal, run.step
         expected = [(c.id, c.tool, c.input_hash) for c in journal.calls]
-        got = [(call_id, tool, input_hash(data)) for call_id, tool, data in report.calls]
+        got = [(call_id, tool, hashed) for call_id, tool, hashed in report.calls]
         if report.status != "pending" or got != expected:
             if report.status == "pending":
                 _send_drop(lane, run, out)

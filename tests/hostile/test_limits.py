@@ -5,6 +5,8 @@ host fault does, and no session can take what other sessions need (issue 15, ite
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 import time
 from typing import Any
@@ -374,4 +376,24 @@ def test_a_catalog_too_large_for_one_frame_is_made_terse_not_fatal(make_codemode
     assert found["value"] == ["host:core:tool_1234", 7], found
     described = exec_(cm.session(), "return (await tools.describe('host:core:tool_1')).description")
     assert described["value"].startswith("finds record 1 x") and len(described["value"]) <= 1024
+    recovers(cm)
+
+
+def test_a_replay_of_a_run_whose_inputs_passed_a_frame_reports_their_hashes(make_codemode):
+    """Nine 8 MiB inputs over a run's life (72 MiB, past one frame): after its worker dies, the
+    replay's report lists every call by its input's hash, so it fits, and the run completes."""
+    cm = make_codemode({"workers": 1, "memoryLimitBytes": 256 * MiB, "timeoutMs": 20000})
+
+    @cm.tool
+    def size(value: str) -> int:
+        return len(value)
+
+    session = cm.session()
+    code = "let t = 0; for (let i = 0; i < 9; i++) t += await tools.size({value: String(i).repeat(8 << 20)});"
+    waiting = exec_(session, code + " await yield_control(); return t")
+    assert waiting["status"] == "waiting", waiting
+    for pid in cm._supervisor.worker_pids():
+        os.kill(pid, signal.SIGKILL)
+    result = session.wait({"runId": waiting["runId"]})
+    assert (result["status"], result.get("value")) == ("completed", 9 * (8 << 20)), result
     recovers(cm)
