@@ -71,6 +71,20 @@ return a + b"""
 PARKED_MS = (100, 300, 800)
 #: How long a round's parked runs may take to finish once the round has ended, in seconds.
 PARKED_GRACE_S = 60.0
+#: Cells that hand the host hostile values or call tools that misbehave (issue 15): each must
+#: end as stated, whatever the tool raised or the value was, with no exception out of the host.
+CAUGHT = "try { await %s; return 'no error' } catch (e) { return 'caught' }"
+DEEP = "let v = 1; for (let i = 0; i < 200; i++) v = [v];"  # past the 128 levels a value may nest
+HOSTILE_HOST = {
+    "tool_raises_system_exit": (CAUGHT % "tools.exits({})", ("completed", None), "caught"),
+    "async_tool_raises_keyboard_interrupt": (CAUGHT % "tools.interrupts({})", ("completed", None), "caught"),
+    "tool_raises_cancelled_error": (CAUGHT % "tools.cancels({})", ("completed", None), "caught"),
+    "tool_error_whose_str_raises": (CAUGHT % "tools.unprintable({})", ("completed", None), "caught"),
+    "tool_returns_20_mib": (CAUGHT % "tools.huge({})", ("completed", None), "caught"),
+    "deep_tool_input": (DEEP + CAUGHT % "tools.double({x: v})", ("completed", None), "caught"),
+    "deep_return": (DEEP + "return v", ("failed", "invalid_input"), None),
+    "deep_source": ("return " + "[" * 5000 + "]" * 5000, ("failed", "invalid_input"), None),
+}
 #: Rounds of load (RSS is read while idle between them).
 ROUNDS = 4
 #: Failure codes a run may end with when the soak's own SIGKILL hit its worker.
@@ -188,12 +202,27 @@ class Soak:
             elif roll < 0.75:
                 result = self.call(session.exec, {"code": YIELDING})
                 self.finish("yield_then_wait", result, started, 20, session)
+            elif roll < 0.85:
+                self.hostile_host(session, self.rng.choice(list(HOSTILE_HOST)), started)
             else:
                 self.hostile_cell(session, self.rng.choice(self.hostile), started)
         except Exception as e:  # any exception out of the host API is a lost run
             self.lose("exception", f"{type(e).__name__}: {e}")
         finally:
             session.close()
+
+    def hostile_host(self, session: Any, name: str, started: float) -> None:
+        code, (expect_status, expect_code), value = HOSTILE_HOST[name]
+        result = self.call(session.exec, {"code": code})
+        status, code_ = result["status"], result.get("code")
+        with self.tally.lock:
+            self.tally.runs["hostile_host"] += 1
+            self.tally.outcomes[f"{status}/{code_}" if code_ else status] += 1
+        if (status, code_) == (expect_status, expect_code) and (value is None or result.get("value") == value):
+            return
+        if status == "failed" and code_ in KILLED_CODES and self.tally.killed_during(started, time.monotonic()):
+            return
+        self.lose(f"hostile host {name}", f"expected {expect_status}/{expect_code} {value!r}, got {result}"[:400])
 
     def hostile_cell(self, session: Any, cell: Cell, started: float) -> None:
         result = self.call(session.exec, {"code": cell.code})
@@ -312,6 +341,35 @@ class ParkedLoad:
         return self.lose(f"expected {2 * value + 1}, got {result}")
 
 
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message for you")
+
+
+def install_bad_tools(cm: CodeMode) -> None:
+    """Tools that misbehave as a buggy or hostile host tool would: each may fail only its call."""
+
+    @cm.tool
+    def exits() -> None:
+        raise SystemExit(3)
+
+    @cm.tool
+    async def interrupts() -> None:
+        raise KeyboardInterrupt
+
+    @cm.tool
+    async def cancels() -> None:
+        raise asyncio.CancelledError
+
+    @cm.tool
+    def unprintable() -> None:
+        raise _Unprintable
+
+    @cm.tool
+    def huge() -> str:
+        return "x" * (20 << 20)
+
+
 def killer(cm: CodeMode, tally: Tally, stop: threading.Event, rng: random.Random, every_s: float) -> None:
     while not stop.wait(rng.uniform(0.3 * every_s, 1.7 * every_s)):
         pids = cm._supervisor.worker_pids()
@@ -361,6 +419,8 @@ def main() -> int:
         @cm.tool
         async def parked(key: str, value: int, ms: int) -> int:
             return await parked_state.tool(key, value, ms)
+
+        install_bad_tools(cm)
 
         kill_thread = threading.Thread(
             target=killer, args=(cm, tally, stop, random.Random(args.seed), args.kill_every), daemon=True

@@ -126,6 +126,14 @@ def _failed(code: str, name: str, message: str) -> tuple[str | None, str, str, s
     return (code, name, message, "")
 
 
+def _unsettle(run: Run) -> None:
+    """The run's last settle never reached an engine: its batch leaves the journal (and its
+    bytes the journal's count) and its results are ready again, to be delivered elsewhere."""
+    batch = run.journal.batches.pop()
+    run.journal_bytes -= sum(utf8_len(payload) for _, _, payload in batch)
+    run.dispatcher.requeue(batch)
+
+
 def _journal_full(length: int, limit: int) -> str:
     return (
         f"tool result of {length} bytes would grow this run's journal past maxJournalBytes ({limit}); "
@@ -1250,7 +1258,7 @@ class Supervisor:
         lane.pipeline.clear()
         for run, kind in behind.items():
             if kind == "settle":
-                run.dispatcher.requeue(run.journal.batches.pop())
+                _unsettle(run)
         runs = list(lane.residents)
         lane.residents.clear()
         lane.attached.clear()
@@ -1284,7 +1292,7 @@ class Supervisor:
             # results of that frame delivered again. A run that kills every worker it is given
             # fails once it has had `MAX_PLACEMENTS`.
             if inflight.kind == "settle":
-                run.dispatcher.requeue(run.journal.batches.pop())
+                _unsettle(run)
             if run.waiter is None:
                 run.phase = Phase.PARKED  # an advance: the next `wait` replays
             else:
