@@ -324,6 +324,23 @@ def test_a_sync_tool_raising_keyboard_interrupt_fails_only_its_call(quick_first)
         assert session.exec({"code": "return 4"})["value"] == 4
 
 
+def test_a_quick_sync_tool_runs_on_its_exec_callers_thread_after_its_first_call():
+    """The first call of a sync tool goes to the pool (it might be slow); once it was quick, its
+    calls run on the caller's own thread: no hop per call."""
+    with CodeMode({"workers": 1, "timeoutMs": 5000}) as cm:
+        threads: list[int] = []
+
+        @cm.tool
+        def where(i: int = 0) -> int:
+            threads.append(threading.get_ident())
+            return i
+
+        code = "let t = 0; for (let i = 0; i < 5; i++) t += await tools.where({i}); return t"
+        assert cm.session("s").exec({"code": code})["value"] == 10
+        assert threads[0] != threading.get_ident()
+        assert threads[1:] == [threading.get_ident()] * 4
+
+
 def test_a_slow_sync_tool_does_not_hold_exec_past_its_deadline():
     """The caller's thread does not run a sync tool that is not known to be quick: it stays
     free to end its `exec` at the deadline (`waiting`), and the result reaches the `wait`."""

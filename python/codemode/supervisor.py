@@ -863,8 +863,10 @@ class Supervisor:
         except Exception:  # (a bug: the run must still end, not wait on `starting` for good)
             _log.exception("code mode supervisor: starting calls failed")
             inline = None
-        resolved = run.dispatcher.resolved
-        tools = [tool for call_id, _, _ in calls if (tool := resolved.get(call_id)) is not None]
+        # Each call's catalog id (the guest's own name for it when that is one): never a name
+        # the guest made up, so `_tool_took` holds at most one entry per tool.
+        resolved, known = run.dispatcher.resolved, run.dispatcher.view.tools
+        tools = [tool for call_id, name, _ in calls if (tool := resolved.get(call_id, name)) in known]
         out: Out = []
         pool = None
         lent = False
