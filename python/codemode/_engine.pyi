@@ -3,6 +3,7 @@
 from typing import TypeAlias, final
 
 __all__ = [
+    "MAX_BRIDGE_BYTES",
     "MAX_NESTING",
     "MAX_REPORT_BYTES",
     "MAX_VALUE_DEPTH",
@@ -42,6 +43,8 @@ MAX_NESTING: int
 MAX_VALUE_DEPTH: int
 #: Bytes of tool calls, outputs and clock readings one report carries (fits in a protocol frame).
 MAX_REPORT_BYTES: int
+#: Bytes of one value crossing the bridge (a tool input or result): the engine's default limit.
+MAX_BRIDGE_BYTES: int
 
 class EngineInitError(RuntimeError): ...
 

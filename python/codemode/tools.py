@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from . import catalog
+from . import _engine, catalog
 from .errors import ToolDefinitionError
 from .hotloop import HotLoop
 from .mcp_api import check_op_input, declarations, mcp_names, tool_declaration
@@ -65,7 +65,7 @@ _decode = msgspec.json.decode
 _log = logging.getLogger(__name__)
 #: Bytes of one tool result's JSON: the engine's ``max_bridge_bytes`` (its default, which every
 #: worker uses). A bigger result fails its call here, before it is put in a settle frame.
-MAX_BRIDGE_BYTES = 16 << 20
+MAX_BRIDGE_BYTES = _engine.MAX_BRIDGE_BYTES
 #: The engine's words for a result over the bridge limit (one limit, one message).
 _OVER_BRIDGE = f"tool result is larger than the bridge limit ({MAX_BRIDGE_BYTES} bytes)"
 #: Characters of one failed call's message (a tool may raise with a 70 MB message).

@@ -187,9 +187,11 @@ fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_NESTING", codemode_engine::nesting::MAX_NESTING)?;
     m.add("MAX_VALUE_DEPTH", codemode_engine::limits::MAX_VALUE_DEPTH)?;
     m.add("MAX_REPORT_BYTES", codemode_engine::limits::MAX_REPORT_BYTES)?;
+    m.add("MAX_BRIDGE_BYTES", codemode_engine::Limits::default().max_bridge_bytes)?;
     m.add(
         "__all__",
         [
+            "MAX_BRIDGE_BYTES",
             "MAX_NESTING",
             "MAX_REPORT_BYTES",
             "MAX_VALUE_DEPTH",
