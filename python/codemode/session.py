@@ -792,13 +792,7 @@ class CodeMode:
         if self._mcp is not None and self._mcp_wanted():
             self._list_mcp(MCP_START_WAIT_S)
         run, configure = self._new_run(session, checked, loop, min_timeout_ms)
-        try:
-            return self._finish(run, self._supervisor.start(run, configure, run.timeout_ms), started, "exec")
-        except Exception as e:
-            return self._broken(run, started, e)
-        except BaseException:
-            self._retire(run)  # (an interrupt, say): nothing of it is left running
-            raise
+        return self._driven(run, started, "exec", lambda: self._supervisor.start(run, configure, run.timeout_ms))
 
     async def _exec_async(self, session: Session, args: Any) -> Result:
         """`_exec` as a coroutine on the caller's loop (its async tools run there too)."""
@@ -810,13 +804,30 @@ class CodeMode:
             await self._list_mcp_async(MCP_START_WAIT_S)
         loop = asyncio.get_running_loop()
         run, configure = self._new_run(session, checked, lambda: loop, 0)
+        return await self._driven_async(
+            run, started, "exec", self._supervisor.start_async(run, configure, run.timeout_ms)
+        )
+
+    def _driven(self, run: Run, started: float, kind: str, drive: Callable[[], Step]) -> Result:
+        """``run``'s step (``drive``) as the spec's result. Whatever goes wrong in the host meanwhile,
+        the run ends in a defined state: a failure is `_broken`; an interrupt retires it, then
+        goes on up (nothing of the run is left running, its slot is free)."""
         try:
-            step = await self._supervisor.start_async(run, configure, run.timeout_ms)
-            return self._finish(run, step, started, "exec")
+            return self._finish(run, drive(), started, kind)
         except Exception as e:
             return self._broken(run, started, e)
         except BaseException:
-            self._retire(run)  # (cancelled, say): nothing of it is left running
+            self._retire(run)
+            raise
+
+    async def _driven_async(self, run: Run, started: float, kind: str, drive: Awaitable[Step]) -> Result:
+        """`_driven` for a coroutine's step (a cancel retires the run)."""
+        try:
+            return self._finish(run, await drive, started, kind)
+        except Exception as e:
+            return self._broken(run, started, e)
+        except BaseException:
+            self._retire(run)
             raise
 
     def _broken(self, run: Run, started: float, error: Exception) -> Failed:
@@ -915,13 +926,7 @@ class CodeMode:
         if isinstance(claimed, Failed):
             return claimed
         run, configure = claimed
-        try:
-            return self._finish(run, self._supervisor.resume(run, configure, run.timeout_ms), started, "wait")
-        except Exception as e:
-            return self._broken(run, started, e)
-        except BaseException:
-            self._retire(run)  # never left resuming: its slot is freed
-            raise
+        return self._driven(run, started, "wait", lambda: self._supervisor.resume(run, configure, run.timeout_ms))
 
     async def _wait_async(self, session: Session, args: Any) -> Result:
         started = time.perf_counter()
@@ -929,14 +934,9 @@ class CodeMode:
         if isinstance(claimed, Failed):
             return claimed
         run, configure = claimed
-        try:
-            step = await self._supervisor.resume_async(run, configure, run.timeout_ms)
-            return self._finish(run, step, started, "wait")
-        except Exception as e:
-            return self._broken(run, started, e)
-        except BaseException:
-            self._retire(run)
-            raise
+        return await self._driven_async(
+            run, started, "wait", self._supervisor.resume_async(run, configure, run.timeout_ms)
+        )
 
     def _claim(self, session: Session, args: Any, started: float) -> tuple[Run, Configure] | Failed:
         """The run a `wait` resumes (marked resuming), and the configuration a replay needs."""
