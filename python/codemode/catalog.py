@@ -659,6 +659,17 @@ def _declared_names(node: Any, depth: int) -> Iterator[str]:
         yield from _declared_names(child, depth + 1)
 
 
+def _rule_problem(rule: str | None, definition: Any) -> str:
+    """What a value breaks, for the rules an output check and an input check word alike."""
+    if rule in ("enum", "const"):
+        return "is not one of the declared values"
+    if rule in ("anyOf", "oneOf"):
+        return "does not match the allowed shapes"
+    if isinstance(definition, (int, float, str)) and not isinstance(definition, bool):
+        return f"violates {rule} {definition}"  # a bound from the schema, never from the value
+    return f"violates {rule}" if rule else "is invalid"
+
+
 def _error_message(error: fastjsonschema.JsonSchemaValueException, declared: set[str]) -> str:
     path = "data"
     for part in error.path[1:]:
@@ -676,14 +687,8 @@ def _error_message(error: fastjsonschema.JsonSchemaValueException, declared: set
         problem = "is missing required properties " + ", ".join(str(name) for name in missing)
     elif rule == "additionalProperties":
         problem = "has properties the schema does not declare"
-    elif rule in ("enum", "const"):
-        problem = "is not one of the declared values"
-    elif rule in ("anyOf", "oneOf"):
-        problem = "does not match the allowed shapes"
-    elif isinstance(definition, (int, float, str)) and not isinstance(definition, bool):
-        problem = f"violates {rule} {definition}"  # a bound from the schema, never from the value
     else:
-        problem = f"violates {rule}" if rule else "is invalid"
+        problem = _rule_problem(rule, definition)
     return _clip(f"{path} {problem}", _MAX_ERROR_CHARS)
 
 
@@ -826,14 +831,8 @@ def _input_problem(error: fastjsonschema.JsonSchemaValueException) -> str:
         problem = "object missing required field " + ", ".join(missing)
     elif rule == "additionalProperties":
         problem = "object has fields the schema does not declare"
-    elif rule in ("enum", "const"):
-        problem = "is not one of the declared values"
-    elif rule in ("anyOf", "oneOf"):
-        problem = "does not match the allowed shapes"
-    elif isinstance(definition, (int, float, str)) and not isinstance(definition, bool):
-        problem = f"violates {rule} {definition}"
     else:
-        problem = f"violates {rule}" if rule else "is invalid"
+        problem = _rule_problem(rule, definition)
     return _clip(f"{path}: {problem}", _MAX_ERROR_CHARS)
 
 
