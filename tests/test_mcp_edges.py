@@ -54,7 +54,7 @@ def test_names_that_are_not_identifiers_reach_guest_code(ecm):
     assert value(s, "return Object.keys(MCP.myServer)") == [
         "_2faCheck",
         "getSum",
-        "getSum_2",
+        "getSum2",
         "$api",
         "resources",
         "prompts",
@@ -63,7 +63,7 @@ def test_names_that_are_not_identifiers_reach_guest_code(ecm):
         s,
         "const t = (r) => r.content[0].text;"
         "return [t(await MCP.myServer._2faCheck({code: '42'})), t(await MCP.myServer.getSum({a: 1, b: 2})),"
-        " t(await MCP.myServer.getSum_2({a: 1, b: 2}))]",
+        " t(await MCP.myServer.getSum2({a: 1, b: 2}))]",
     )
     assert got == ["checked 42", "3", "1003"]
     ids = {t for t in ecm.catalog().tools if t.startswith("mcp:My Server:")}
@@ -78,23 +78,25 @@ def test_declaration_files_of_a_server_whose_name_is_not_a_path_segment(ecm):
         "mcp/myServer.d.ts",
     ]
     index = value(s, "return await API.read('mcp/index.d.ts')")
-    assert '/** server "My Server": 3 tool(s); see mcp/myServer.d.ts */' in index
+    assert '/** server "My Server" (`MCP.myServer`): 3 tool(s); see mcp/myServer.d.ts */' in index
     declared = value(s, "return await API.read('mcp/myServer.d.ts')")
-    assert "function getSum_2(input: { a: number; b: number }): Promise<McpToolResult>;" in declared
+    assert (
+        "function getSum2(input: { a: number; b: number; [key: string]: unknown }): Promise<McpToolResult>;" in declared
+    )
     assert '// MCP tool name: "get_sum"' in declared
     assert '// MCP tool name: "2fa-check"' in declared
 
 
 def test_api_finds_a_tool_by_its_identifier_or_its_name_never_by_another_description(ecm):
     s = ecm.session()
-    # get.sum's description quotes `function getSum_2(input`: it must not answer for getSum_2.
+    # get.sum's description quotes `function getSum2(input`: it must not answer for getSum2.
     got = value(
         s,
         "const t = async (n) => (await MCP.myServer.$api(n)).tool;"
-        "return [await t('getSum_2'), await t('getSum'), await t('get_sum'), await t('get.sum'), await t('_2faCheck')]",
+        "return [await t('getSum2'), await t('getSum'), await t('get_sum'), await t('get.sum'), await t('_2faCheck')]",
     )
     assert got == ["get_sum", "get.sum", "get_sum", "get.sum", "2fa-check"]
-    assert "unknown MCP tool" in failure(s, "return await MCP.myServer.$api('function getSum_2(')")
+    assert "unknown MCP tool" in failure(s, "return await MCP.myServer.$api('function getSum2(')")
 
 
 def test_a_server_with_only_resources_and_prompts_is_reachable(ecm):
@@ -142,9 +144,9 @@ def test_servers_that_cannot_start_and_share_an_identifier_are_both_named(make_c
     reasons = cm.load_mcp_tools()
     assert set(reasons) == {"chrome-devtools", "chrome_devtools"} and all(reasons.values())
     s = cm.session()
-    assert value(s, "return Object.keys(MCP)") == ["chromeDevtools", "chromeDevtools_2"]
+    assert value(s, "return Object.keys(MCP)") == ["chromeDevtools", "chromeDevtools2"]
     assert "'chrome-devtools'" in failure(s, "return await MCP.chromeDevtools.navigate({})")
-    assert "'chrome_devtools'" in failure(s, "return await MCP.chromeDevtools_2.prompts.list()")
+    assert "'chrome_devtools'" in failure(s, "return await MCP.chromeDevtools2.prompts.list()")
     index = value(s, "return await API.read('mcp/index.d.ts')")
     assert '/** server "chrome_devtools" is unavailable: ' in index
 
@@ -153,9 +155,9 @@ def test_a_server_named_index_does_not_replace_the_index_file(make_codemode):
     cm = make_codemode({"workers": 1, "mcpServers": {"index": odd_server("--docs-only")}})
     assert cm.load_mcp_tools() == {"index": None}
     s = cm.session()
-    assert [f["path"] for f in value(s, "return await API.list()")] == ["mcp/index.d.ts", "mcp/index_2.d.ts"]
-    assert "declare const MCP: {" in value(s, "return await API.read('mcp/index.d.ts')")
-    own = value(s, "return await API.read('mcp/index_2.d.ts')")
+    assert [f["path"] for f in value(s, "return await API.list()")] == ["mcp/index.d.ts", "mcp/index2.d.ts"]
+    assert "declare namespace MCP {" in value(s, "return await API.read('mcp/index.d.ts')")
+    own = value(s, "return await API.read('mcp/index2.d.ts')")
     assert "declare namespace MCP.index {" in own
     assert value(s, "return (await MCP.index.$api()).declaration") == own
 
@@ -177,7 +179,7 @@ def test_identifiers_stay_with_their_servers_when_a_slow_ones_tools_arrive(make_
     }
     cm = make_codemode({"workers": 1, "mcpServers": servers})
     s = cm.session()
-    keys = "return [Object.keys(MCP.chromeDevtools), Object.keys(MCP.chromeDevtools_2)]"
+    keys = "return [Object.keys(MCP.chromeDevtools), Object.keys(MCP.chromeDevtools2)]"
     # The first exec goes on without the slow server (still starting), which keeps its place.
     assert value(s, keys)[1] == ["fromB", "$api", "resources", "prompts"]
     assert "is still starting" in failure(s, "return await MCP.chromeDevtools.fromA()")

@@ -26,6 +26,11 @@ Failure policy, so that one bad server never takes the host down:
   flight is retried once on a new session if it only reads (``tools/list``, ``resources/read``,
   ...); a ``tools/call`` is never re-sent, because it may already have run.
 * Every request and every handshake has a timeout (``McpTimeoutError``).
+
+As a careful client does, it asks a server only for what its ``initialize`` result announces:
+a server without the ``tools`` capability lists no tools (it may offer only resources or
+prompts), one without ``resources`` or ``prompts`` lists none of those, and reading a resource
+or getting a prompt it does not offer is an ``McpServerError`` that says so.
 """
 
 from __future__ import annotations
@@ -101,6 +106,18 @@ DEFAULT_TIMEOUT_S = 30.0
 _CLOSE_TIMEOUT_S = 10.0
 #: A server that keeps returning a cursor is broken (or hostile); stop following it here.
 _MAX_PAGES = 1000
+#: A cell's listing (``MCP.<server>.resources.list()``) follows ``nextCursor`` up to this many
+#: pages, or until it holds this many items; then it carries the ``nextCursor`` to go on from.
+_MAX_LISTING_PAGES = 100
+_MAX_LISTING_ITEMS = 10_000
+#: The requests of ``MCP.<server>.resources/prompts`` (see `McpServers.run_op`), and the
+#: capability each needs.
+_OPS: dict[str, Literal["resources", "prompts"]] = {
+    "resources.list": "resources",
+    "resources.read": "resources",
+    "prompts.list": "prompts",
+    "prompts.get": "prompts",
+}
 #: Connect/write/pool timeouts for HTTP and SSE servers; reads stay open longer because a server
 #: may stream a response (the values the SDK itself uses). Our per-request timeout still applies.
 _HTTP_TIMEOUT_S = 30.0
@@ -176,13 +193,16 @@ class McpToolInfo(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omi
 
 
 class McpResourceInfo(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
-    """One resource a server lists."""
+    """One resource a server lists, with its annotations (audience, priority...) and ``_meta``."""
 
     uri: str
     name: str
     title: str | None = None
     description: str | None = None
     mime_type: str | None = None
+    size: int | None = None
+    annotations: dict[str, Any] | None = None
+    meta: dict[str, Any] | None = msgspec.field(default=None, name="_meta")
 
 
 class McpPromptArgument(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -194,12 +214,13 @@ class McpPromptArgument(msgspec.Struct, frozen=True, kw_only=True, omit_defaults
 
 
 class McpPromptInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """One prompt a server lists."""
+    """One prompt a server lists, with its ``_meta``."""
 
     name: str
     title: str | None = None
     description: str | None = None
     arguments: tuple[McpPromptArgument, ...] = ()
+    meta: dict[str, Any] | None = msgspec.field(default=None, name="_meta")
 
 
 #: The transport names clients write in ``type`` (or Cline's ``transportType``).
@@ -522,6 +543,22 @@ class McpServers:
     ) -> dict[str, Any]:
         return await self._await(self._call_tool, name, tool, arguments, timeout_s)
 
+    def run_op(self, name: str, op: str, payload: Mapping[str, Any], *, timeout_s: float | None = None) -> Any:
+        """One ``MCP.<server>.resources/prompts`` request as a cell makes it, answered in the
+        shape the declarations give (``mcp_api``):
+
+        * ``resources.list`` / ``prompts.list`` (``{cursor?}``): ``{"resources" | "prompts": [...],
+          "nextCursor"?: str}``, each item as the server gave it (annotations and ``_meta``
+          kept). Pages are followed from ``cursor`` up to 100 pages or 10,000 items; a
+          ``nextCursor`` in the answer means there is more, from there.
+        * ``resources.read`` (``{uri}``) and ``prompts.get`` (``{name, arguments?}``): as
+          ``read_resource`` and ``get_prompt``.
+        """
+        return self._wait(self._run_op, name, op, payload, timeout_s)
+
+    async def arun_op(self, name: str, op: str, payload: Mapping[str, Any], *, timeout_s: float | None = None) -> Any:
+        return await self._await(self._run_op, name, op, payload, timeout_s)
+
     def event_loop(self) -> asyncio.AbstractEventLoop:
         """The loop MCP I/O runs on (started on first use). A caller that runs its coroutines
         here (``call_tool_here``) saves two thread hops per call."""
@@ -712,6 +749,8 @@ class McpServers:
 
     async def _list_tools(self, name: str, timeout_s: float | None) -> list[McpToolInfo]:
         async def op(client: Client) -> list[McpToolInfo]:
+            if client.server_capabilities.tools is None:
+                return []  # (a server of resources or prompts only)
             pages = await _all_pages(name, "tools/list", lambda cursor: client.list_tools(cursor=cursor))
             return [
                 McpToolInfo(
@@ -730,6 +769,8 @@ class McpServers:
 
     async def _list_resources(self, name: str, timeout_s: float | None) -> list[McpResourceInfo]:
         async def op(client: Client) -> list[McpResourceInfo]:
+            if client.server_capabilities.resources is None:
+                return []
             pages = await _all_pages(name, "resources/list", lambda cursor: client.list_resources(cursor=cursor))
             return [
                 McpResourceInfo(
@@ -738,6 +779,9 @@ class McpServers:
                     title=resource.title,
                     description=resource.description,
                     mime_type=resource.mime_type,
+                    size=resource.size,
+                    annotations=_dumped(resource.annotations),
+                    meta=resource.meta,
                 )
                 for page in pages
                 for resource in page.resources
@@ -747,6 +791,8 @@ class McpServers:
 
     async def _list_prompts(self, name: str, timeout_s: float | None) -> list[McpPromptInfo]:
         async def op(client: Client) -> list[McpPromptInfo]:
+            if client.server_capabilities.prompts is None:
+                return []
             pages = await _all_pages(name, "prompts/list", lambda cursor: client.list_prompts(cursor=cursor))
             return [
                 McpPromptInfo(
@@ -757,6 +803,7 @@ class McpServers:
                         McpPromptArgument(name=arg.name, description=arg.description, required=bool(arg.required))
                         for arg in prompt.arguments or ()
                     ),
+                    meta=prompt.meta,
                 )
                 for page in pages
                 for prompt in page.prompts
@@ -778,6 +825,7 @@ class McpServers:
 
     async def _read_resource(self, name: str, uri: str, timeout_s: float | None) -> dict[str, Any]:
         async def op(client: Client) -> dict[str, Any]:
+            _offers(name, client, "resources")
             result = await client.read_resource(uri)
             return result.model_dump(mode="json", by_alias=True, exclude_none=True, include={"contents"})
 
@@ -787,10 +835,30 @@ class McpServers:
         self, name: str, prompt: str, arguments: Mapping[str, str] | None, timeout_s: float | None
     ) -> dict[str, Any]:
         async def op(client: Client) -> dict[str, Any]:
+            _offers(name, client, "prompts")
             result = await client.get_prompt(prompt, dict(arguments) if arguments is not None else None)
             return result.model_dump(mode="json", by_alias=True, exclude_none=True, include={"description", "messages"})
 
         return await self._request(name, f"prompts/get {prompt!r}", op, timeout_s, replay_safe=True)
+
+    async def _run_op(self, name: str, op: str, payload: Any, timeout_s: float | None) -> Any:
+        payload = payload if isinstance(payload, Mapping) else {}
+        if op == "resources.read":
+            return await self._read_resource(name, str(payload.get("uri", "")), timeout_s)
+        if op == "prompts.get":
+            return await self._get_prompt(name, str(payload.get("name", "")), payload.get("arguments"), timeout_s)
+        if op not in _OPS:
+            raise McpServerError(f"unknown MCP request {op!r}", server=name)
+        kind = _OPS[op]
+        cursor = payload.get("cursor")
+
+        async def listing(client: Client) -> dict[str, Any]:
+            if getattr(client.server_capabilities, kind) is None:
+                return {kind: []}
+            fetch = client.list_resources if kind == "resources" else client.list_prompts
+            return await _listing(fetch, kind, cursor if isinstance(cursor, str) else None)
+
+        return await self._request(name, f"{kind}/list", listing, timeout_s, replay_safe=True)
 
 
 class _Connection:
@@ -1126,6 +1194,30 @@ async def _all_pages(server: str, what: str, fetch: Callable[[str | None], Await
         if cursor is None:
             return pages
     raise McpServerError(f"MCP server {server!r} returned more than {_MAX_PAGES} pages for {what}", server=server)
+
+
+async def _listing(fetch: Callable[..., Awaitable[Any]], kind: str, cursor: str | None) -> dict[str, Any]:
+    """``{kind: items, "nextCursor"?}`` from ``cursor`` on, within `_MAX_LISTING_PAGES` pages
+    and `_MAX_LISTING_ITEMS` items (whole pages: a cursor only resumes at a page's end)."""
+    items: list[Any] = []
+    for _ in range(_MAX_LISTING_PAGES):
+        page = await fetch(cursor=cursor)
+        items.extend(item.model_dump(mode="json", by_alias=True, exclude_none=True) for item in getattr(page, kind))
+        cursor = page.next_cursor
+        if cursor is None or len(items) >= _MAX_LISTING_ITEMS:
+            break
+    return {kind: items} if cursor is None else {kind: items, "nextCursor": cursor}
+
+
+def _offers(server: str, client: Client, kind: Literal["resources", "prompts"]) -> None:
+    """Refuses a request the server's capabilities do not announce (it would answer "Method not
+    found", or worse)."""
+    if getattr(client.server_capabilities, kind) is None:
+        raise McpServerError(f"MCP server {server!r} does not offer {kind} (its capabilities say so)", server=server)
+
+
+def _dumped(model: Any) -> dict[str, Any] | None:
+    return None if model is None else dict(model.model_dump(mode="json", by_alias=True, exclude_none=True))
 
 
 def _leaf(error: BaseException) -> BaseException:

@@ -3,7 +3,14 @@
 Nested calls from a cell go through the same gate a direct tool call would: a denied or hidden
 tool is not in the run's catalog at all (a guessed id gets the same "unknown tool" answer as a
 tool that does not exist), a hook can block a call or rewrite its input, and an approval
-callback can refuse it. Blocked calls reach the guest as plain errors that say so.
+callback can refuse it. Blocked calls reach the guest as plain errors that say so, except MCP
+tool calls: those answer as MCP tools report a failure, ``{content: [{type: "text", text:
+<reason>}], isError: true}`` (the reference's shape), and the tool does not run.
+
+Every MCP path passes the gate. ``MCP.<server>.resources.list/read`` and ``prompts.list/get`` are
+no catalog tools, but patterns, hooks and approvals see them as ``mcp:<server>:resources/list``
+(name ``resources/list``, the MCP method; owner the server; see `mcp_api.op_id`), so
+``deny=["mcp:docs:resources/*"]`` or a hook on ``event.tool_id`` reaches them as it reaches tools.
 """
 
 from __future__ import annotations
@@ -40,7 +47,8 @@ class ToolCallEvent(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Block(msgspec.Struct, frozen=True):
-    """Returned by a hook: refuse the call; the guest sees ``tool call blocked: <reason>``."""
+    """Returned by a hook: refuse the call; the guest sees ``tool call blocked: <reason>`` (an MCP
+    tool call: an ``isError`` result whose text is ``reason``)."""
 
     reason: str
 

@@ -456,14 +456,7 @@ class CodeMode:
         mcp = self._mcp
         if mcp is None:
             raise CodemodeError("no MCP servers are configured")
-        args = payload if isinstance(payload, dict) else {}
-        if op == "resources.read":
-            return await mcp.aread_resource(server, str(args.get("uri", "")))
-        if op == "prompts.get":
-            return await mcp.aget_prompt(server, str(args.get("name", "")), args.get("arguments"))
-        if op == "resources.list":
-            return msgspec.to_builtins(await mcp.alist_resources(server))
-        return msgspec.to_builtins(await mcp.alist_prompts(server))
+        return await mcp.arun_op(server, op, payload)
 
     # ---- tools ---------------------------------------------------------------------------------
     @overload

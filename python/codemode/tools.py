@@ -28,7 +28,7 @@ import msgspec
 from . import _engine, catalog
 from .errors import ToolDefinitionError
 from .hotloop import HotLoop
-from .mcp_api import check_op_input, declarations, mcp_names, tool_declaration
+from .mcp_api import MCP_OPS, check_op_input, declarations, mcp_names, op_id, op_name, tool_declaration, with_defaults
 from .namespaces import CallTable
 from .policy import Approver, Block, Hook, HookResult, Policy, Rewrite, ToolCallEvent, Trace, TraceEvent
 from .protocol import too_heavy, utf8_len
@@ -56,8 +56,6 @@ CONTROL_TOOLS = frozenset({"exec", "wait", "tool_search_code", "tool_search", "t
 #: The tool ids namespace and ``MCP.*`` calls arrive under (see prelude.js).
 NAMESPACE_TOOL = "\x00ns"
 MCP_TOOL = "\x00mcp"
-#: ``MCP.<server>.resources/prompts`` requests.
-MCP_OPS = frozenset({"resources.list", "resources.read", "prompts.list", "prompts.get"})
 McpOps = Callable[[str, str, Any], Awaitable[Any]]
 LoopRef = Callable[[], asyncio.AbstractEventLoop]
 _encode = msgspec.json.encode
@@ -218,12 +216,19 @@ class CatalogView(msgspec.Struct, frozen=True):
     counts: dict[str, int]
     #: Names of the direct-only tools the policy allows (they stay model-visible).
     direct: tuple[str, ...]
-    #: The MCP servers this run may use (their resources and prompts too): server -> the
-    #: identifier under ``MCP``.
+    #: The MCP servers this run may use: server -> the identifier under ``MCP``.
     mcp_servers: dict[str, str] = {}
+    #: The ``resources``/``prompts`` requests the policy permits, per server of ``mcp_servers``
+    #: (``resources.list``...; policy names them `mcp_api.op_id`).
+    mcp_ops: dict[str, frozenset[str]] = {}
 
 
 _SOURCE_RANK = {"host": 0, "mcp": 1, "client": 2}
+
+
+def _permitted_ops(policy: Policy, server: str) -> frozenset[str]:
+    """The ``MCP.<server>.resources/prompts`` requests ``policy`` lets through."""
+    return frozenset(op for op in MCP_OPS if policy.permits(op_id(server, op), op_name(op)))
 
 
 def _catalog_order(tool: Tool) -> tuple[int, bool, str]:
@@ -277,6 +282,28 @@ class ToolRegistry:
         with self._lock:
             return [self._tools[k] for k in sorted(self._tools)]
 
+    def _mcp_visible(self, policy: Policy, shown: set[str], with_tools: set[str]) -> list[str]:
+        """The MCP servers a run under ``policy`` sees.
+
+        A server is visible when the policy lets one of its tools (``shown``: their servers) or
+        its requests through; one whose tools are not known (still starting or unreachable, and
+        none in ``with_tools``) also when it would let ``mcp:<server>:*`` through. A server
+        whose tools and requests are all denied is hidden. Identifiers go to the visible servers
+        in the order they were first set, whatever their state: a server's ``MCP.<ident>`` stays
+        its own when another's tools arrive.
+        """
+
+        def unknown_tools(server: str) -> bool:
+            return server not in with_tools and self._mcp_servers[server] is not None
+
+        return [
+            server
+            for server in self._mcp_servers
+            if server in shown
+            or _permitted_ops(policy, server)
+            or (unknown_tools(server) and policy.permits(f"mcp:{server}:*", "*"))
+        ]
+
     def view(self, policy: Policy) -> CatalogView:
         """The run catalog under ``policy``, in the spec's order (core host tools, plugin tools,
         MCP, client) and by id within each, so equal sets give equal bytes."""
@@ -287,24 +314,15 @@ class ToolRegistry:
             ordered = sorted(self._tools.values(), key=_catalog_order)
             tools = {t.id: t for t in ordered if not t.direct_only and policy.permits(t.id, t.name)}
             mcp = [t for t in tools.values() if t.source == "mcp"]
-            # Servers with no tools (resources and prompts only) and unreachable ones are visible
-            # when the policy would let their tools through (`mcp:<server>:*`); a server whose
-            # tools are all denied is hidden. Identifiers go to the visible servers in the order
-            # they were first set, whatever their state: a server's `MCP.<ident>` stays its own
-            # when another's tools arrive.
             with_tools = {t.owner for t in self._tools.values() if t.source == "mcp"}
-            shown = {t.owner for t in mcp}
-            servers = [
-                server
-                for server in self._mcp_servers
-                if server in shown or (server not in with_tools and policy.permits(f"mcp:{server}:*", "*"))
-            ]
+            servers = self._mcp_visible(policy, {t.owner for t in mcp}, with_tools)
             unavailable = {
                 s: catalog.bounded_text(r, _MAX_REASON_CHARS)
                 for s in servers
                 if s not in with_tools and (r := self._mcp_servers[s]) is not None
             }
             names = mcp_names(servers, mcp)
+            ops = {server: _permitted_ops(policy, server) for server in names.servers}
             entries = []
             for tool in tools.values():
                 entry = tool.entry()
@@ -318,7 +336,7 @@ class ToolRegistry:
                 described[server] = {"ident": ident, "path": names.paths[server]}
                 if server in unavailable:
                     described[server]["reason"] = unavailable[server]
-            api = declarations(mcp, names, unavailable) if described else {}
+            api = declarations(mcp, names, unavailable, ops) if described else {}
             catalog_json = _fitted(entries, {"api": api, "mcpServers": described})
             fingerprint = hashlib.blake2b(catalog_json.encode(), digest_size=16).hexdigest()
             counts = {"host": 0, "mcp": 0, "client": 0}
@@ -326,7 +344,8 @@ class ToolRegistry:
                 counts[tool.source] += 1
             direct = tuple(t.name for t in self._tools.values() if t.direct_only and policy.permits(t.id, t.name))
             reachable = {s: ident for s, ident in names.servers.items() if s not in unavailable}
-            view = CatalogView(tools, catalog_json, fingerprint, counts, direct, reachable)
+            permitted = {s: ops[s] for s in reachable}
+            view = CatalogView(tools, catalog_json, fingerprint, counts, direct, reachable, permitted)
             if len(self._views) > 32:
                 self._views.clear()
             self._views[policy] = (self.version, view)
@@ -397,7 +416,7 @@ class Refused(Exception):
 
 
 class Blocked(Refused):
-    """A hook returned ``Block(reason)``."""
+    """A hook returned ``Block(reason)``, or the approval callback refused (``not approved``)."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(f"tool call blocked: {reason}")
@@ -414,6 +433,25 @@ def apply_hook(decision: HookResult, args: Any) -> Any:
 
 
 Result = tuple[int, bool, str]
+
+
+class _McpRequest(NamedTuple):
+    """An ``MCP.<server>.resources/prompts`` request as hooks and approvals see it (`mcp_api.op_id`)."""
+
+    id: str
+    name: str
+    owner: str
+    source: str = "mcp"
+
+
+def _blocked_result(call_id: int, tool: Tool, blocked: Blocked) -> Result:
+    """A blocked call's answer (the tool did not run): a failed call, or for an MCP tool what
+    MCP tools answer a failure with, a result the cell can check (``isError``) whose text is
+    the reason."""
+    if tool.source != "mcp":
+        return (call_id, False, _error_message(tool.id, blocked))
+    content = [{"type": "text", "text": _bounded_error(blocked.reason)}]
+    return (call_id, True, _encode({"content": content, "isError": True}).decode())
 
 
 class _Plan(NamedTuple):
@@ -670,6 +708,10 @@ class Dispatcher:
                 args = _decode(input_json)
             except msgspec.DecodeError:
                 return self._answer(call_id, resolved, f"tool {tool_id}: input is not valid JSON")
+        if tool.source == "mcp":
+            args, problem = with_defaults(tool.input_schema, args)
+            if problem is not None:
+                return self._answer(call_id, resolved, f"invalid input for tool {tool_id}: {problem}")
         if tool.check_input is not None and (tool.source == "host" or len(input_json) <= _UNTRUSTED_CHECK_CHARS):
             problem = tool.check_input(args)
             if problem is not None:
@@ -679,24 +721,30 @@ class Dispatcher:
         return _Plan(resolved, lambda: self._run_sync(call_id, tool, args), inline=True)
 
     def _plan_mcp_op(self, call_id: int, server: str, op: str, payload: Any) -> _Plan:
-        """An ``MCP.<server>.resources/prompts`` request: its input is checked against what the
-        declarations promise (`mcp_api.check_op_input`) before it goes to the server."""
+        """An ``MCP.<server>.resources/prompts`` request: one the policy denies answers as one
+        that does not exist; its input is checked against what the declarations promise
+        (`mcp_api.check_op_input`), then it passes the hook and the approval as a tool call
+        would (as `mcp_api.op_id`), and goes to the server."""
         ops = self._mcp_ops
         ident = self.view.mcp_servers.get(server)
-        if ops is None or ident is None or op not in MCP_OPS:
+        if ops is None or ident is None or op not in self.view.mcp_ops.get(server, ()):
             return self._answer(call_id, None, f"unknown MCP request {server}.{op}")
         problem = check_op_input(op, payload)
         if problem is not None:
             return self._answer(call_id, None, f"invalid input for MCP.{ident}.{op}: {problem}")
-        label = f"mcp:{server}:{op}"
-        make = functools.partial(ops, server, op, payload)
-        return _Plan(None, lambda: self._start_coroutine(call_id, label, make))
+        request = _McpRequest(op_id(server, op), op_name(op), server)
+
+        async def run() -> Any:
+            gated = await self._gate_async(request, payload) if self._gated else payload
+            return await ops(server, op, gated)
+
+        return _Plan(None, lambda: self._start_coroutine(call_id, request.id, run))
 
     def _answer(self, call_id: int, resolved: str | None, message: str) -> _Plan:
         """A call answered at once with an error ``message``."""
         return _Plan(resolved, lambda: (call_id, False, message))
 
-    def _event(self, tool: Tool, args: Any) -> ToolCallEvent:
+    def _event(self, tool: Tool | _McpRequest, args: Any) -> ToolCallEvent:
         return ToolCallEvent(
             tool_id=tool.id,
             name=tool.name,
@@ -712,10 +760,10 @@ class Dispatcher:
         if gate.hook is not None:
             args = apply_hook(gate.hook(self._event(tool, args)), args)  # type: ignore[arg-type]
         if gate.approve is not None and not gate.approve(self._event(tool, args)):
-            raise Refused("tool call blocked: not approved")
+            raise Blocked("not approved")
         return args
 
-    async def _gate_async(self, tool: Tool, args: Any) -> Any:
+    async def _gate_async(self, tool: Tool | _McpRequest, args: Any) -> Any:
         gate = self._gate
         if gate.hook is not None:
             decision = gate.hook(self._event(tool, args))
@@ -727,7 +775,7 @@ class Dispatcher:
             if inspect.isawaitable(approved):
                 approved = await approved
             if not approved:
-                raise Refused("tool call blocked: not approved")
+                raise Blocked("not approved")
         return args
 
     def _run_sync(self, call_id: int, tool: Tool, args: Any) -> Result:
@@ -736,6 +784,8 @@ class Dispatcher:
             args = self._gate_sync(tool, args)
             positional, keywords = _args(args)
             result = self._finish(call_id, tool, tool.fn(*positional, **keywords))
+        except Blocked as e:
+            result = _blocked_result(call_id, tool, e)
         except BaseException as e:  # a hook or tool fails its own call, whatever it raises
             result = (call_id, False, _error_message(tool.id, e))
         self._record(call_id, tool.id, started, result[1])
@@ -770,7 +820,10 @@ class Dispatcher:
 
     def _start_async(self, call_id: int, tool: Tool, args: Any) -> None:
         async def call() -> Result:
-            gated = await self._gate_async(tool, args) if self._gated else args
+            try:
+                gated = await self._gate_async(tool, args) if self._gated else args
+            except Blocked as blocked:
+                return _blocked_result(call_id, tool, blocked)
             positional, keywords = _args(gated)
             value = tool.fn(*positional, **keywords)
             if inspect.isawaitable(value):

@@ -249,11 +249,14 @@
   const hostApiRead = host.apiRead;
   const hostMcpApi = host.mcpApi;
 
+  // Every member of an unavailable server rejects with the reason, except `then` and `toJSON`:
+  // a thenable would make `await MCP.down` hang on a promise nobody settles.
   function unavailableServer(info) {
     const fail = () => PromiseCtor.reject(new ErrorCtor(info.unavailable));
     const group = ObjectFreeze({ list: fail, read: fail, get: fail });
+    const member = (name) => (name === "resources" || name === "prompts" ? group : name === "then" || name === "toJSON" ? undefined : fail);
     return new Proxy(ObjectCreate(null), {
-      get: (_, name) => (name === "resources" || name === "prompts" ? group : typeof name === "string" ? fail : undefined),
+      get: (_, name) => (typeof name === "string" ? member(name) : undefined),
       set: () => false,
       defineProperty: () => false,
       deleteProperty: () => false,
@@ -278,6 +281,24 @@
     return ObjectFreeze(server);
   }
 
+  // `MCP.$api()`: the visible servers (a non-enumerable member: `Object.keys(MCP)` lists servers;
+  // no server identifier starts with `$`) and the index declaration.
+  function rootApi(servers) {
+    const list = [];
+    const idents = ObjectKeys(servers);
+    for (let i = 0; i < idents.length; i++) {
+      const info = servers[idents[i]];
+      const item = { identifier: idents[i], serverName: info.server, toolCount: info.tools === undefined ? 0 : ObjectKeys(info.tools).length };
+      if (typeof info.unavailable === "string") item.unavailable = info.unavailable;
+      push(list, item);
+    }
+    return async () => {
+      let declaration = "";
+      if (list.length > 0) declaration = hostApiRead("mcp/index.d.ts");
+      return deepFreeze({ declaration, servers: list });
+    };
+  }
+
   let mcpView;
   ObjectDefineProperty(G, "MCP", {
     get: () => {
@@ -286,6 +307,7 @@
         const view = ObjectCreate(null);
         const idents = ObjectKeys(servers);
         for (let i = 0; i < idents.length; i++) view[idents[i]] = mcpServer(idents[i], servers[idents[i]]);
+        ObjectDefineProperty(view, "$api", { value: rootApi(servers), enumerable: false });
         mcpView = ObjectFreeze(view);
       }
       return mcpView;
