@@ -22,7 +22,8 @@ use crate::catalog::Catalog;
 use crate::frontend::{self, Language};
 use crate::limits::{json_nests_deeper_than, Abort, Flags, Limits, MAX_VALUE_DEPTH};
 
-const PRELUDE_SOURCE: &str = include_str!("prelude.js");
+/// The prelude, wrapped by the web APIs' lazy globals (web_lazy.js, called with `install`).
+const PRELUDE_SOURCE: &str = concat!(include_str!("web_lazy.js"), "(", include_str!("prelude.js"), ")");
 
 /// Output calls (`text`, `json`, `console.*`, `image`) one run may make (seed 002's bound).
 pub const MAX_OUTPUT_CALLS: usize = 100_000;
@@ -88,7 +89,10 @@ pub const YIELD_TOOL: &str = "\u{0}yield";
 
 /// Identifies the prelude (FNV-1a 64 of its source): a journal replays only on the same one.
 pub fn prelude_hash() -> u64 {
-    PRELUDE_SOURCE.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+    PRELUDE_SOURCE
+        .bytes()
+        .chain(crate::web::SOURCE.bytes())
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// Outcome codes, spelled as the spec spells them.
@@ -324,9 +328,17 @@ fn sandbox_context(runtime: &Runtime) -> rquickjs::Result<Context> {
 }
 
 fn compile_prelude() -> Result<Vec<u8>, EngineError> {
+    compile_script(PRELUDE_SOURCE, c"<prelude>")
+}
+
+/// Compiles trusted source (never a guest's) to bytecode in a scratch runtime. The source text
+/// is left out: QuickJS keeps a copy per nested function (the prelude's bytecode was 3.7 times
+/// bigger with it, and every run reads it); stacks keep their lines, and `toString` of a
+/// prelude function shows `[native code]`.
+pub(crate) fn compile_script(code: &str, name: &std::ffi::CStr) -> Result<Vec<u8>, EngineError> {
     let runtime = Runtime::new()?;
     let context = sandbox_context(&runtime)?;
-    let source = CString::new(PRELUDE_SOURCE).map_err(|e| EngineError(e.to_string()))?;
+    let source = CString::new(code).map_err(|e| EngineError(e.to_string()))?;
     context.with(|ctx| {
         let raw = ctx.as_raw().as_ptr();
         // SAFETY: `raw` is the live context of this `with` scope; the compiled function is owned
@@ -336,19 +348,24 @@ fn compile_prelude() -> Result<Vec<u8>, EngineError> {
             let value = qjs::JS_Eval(
                 raw,
                 source.as_ptr(),
-                PRELUDE_SOURCE.len() as _,
-                c"<prelude>".as_ptr(),
+                code.len() as _,
+                name.as_ptr(),
                 (qjs::JS_EVAL_TYPE_GLOBAL | qjs::JS_EVAL_FLAG_STRICT | qjs::JS_EVAL_FLAG_COMPILE_ONLY) as i32,
             );
             if qjs::JS_IsException(value) {
                 let error = ctx.catch();
-                return Err(EngineError(format!("prelude does not compile: {error:?}")));
+                return Err(EngineError(format!("{name:?} does not compile: {error:?}")));
             }
             let compiled = Value::from_raw(ctx.clone(), value);
             let mut len: qjs::size_t = 0;
-            let buf = qjs::JS_WriteObject(raw, &mut len, compiled.as_raw(), qjs::JS_WRITE_OBJ_BYTECODE as i32);
+            let buf = qjs::JS_WriteObject(
+                raw,
+                &mut len,
+                compiled.as_raw(),
+                (qjs::JS_WRITE_OBJ_BYTECODE | qjs::JS_WRITE_OBJ_STRIP_SOURCE) as i32,
+            );
             if buf.is_null() {
-                return Err(EngineError("prelude bytecode could not be written".into()));
+                return Err(EngineError(format!("{name:?} bytecode could not be written")));
             }
             let bytes = std::slice::from_raw_parts(buf, len as usize).to_vec();
             qjs::js_free(raw, buf.cast());
@@ -358,7 +375,7 @@ fn compile_prelude() -> Result<Vec<u8>, EngineError> {
 }
 
 /// Throws an error no guest `catch` can intercept: the run is over.
-fn throw_uncatchable(ctx: &Ctx<'_>, message: &str) -> rquickjs::Error {
+pub(crate) fn throw_uncatchable(ctx: &Ctx<'_>, message: &str) -> rquickjs::Error {
     match Exception::from_message(ctx.clone(), message) {
         Ok(error) => {
             // SAFETY: `error` is a live Error object in this context.
@@ -679,6 +696,24 @@ fn internal(ctx: &Ctx<'_>, error: rquickjs::Error) -> Failure {
     Failure::new(ErrorCode::InternalError, "Error", caught(ctx, error))
 }
 
+/// Reads and runs bytecode that [`compile_script`] wrote in this process; gives its completion value.
+pub(crate) fn run_bytecode<'js>(ctx: &Ctx<'js>, bytecode: &[u8]) -> Result<Value<'js>, EngineError> {
+    let raw = ctx.as_raw().as_ptr();
+    // SAFETY: the bytecode was written by this process from trusted source (never from a guest
+    // or a store); JS_EvalFunction consumes the read object and returns an owned value.
+    unsafe {
+        let object = qjs::JS_ReadObject(raw, bytecode.as_ptr(), bytecode.len() as _, qjs::JS_READ_OBJ_BYTECODE as i32);
+        if qjs::JS_IsException(object) {
+            return Err(EngineError(format!("bytecode does not load: {}", caught(ctx, rquickjs::Error::Exception))));
+        }
+        let value = qjs::JS_EvalFunction(raw, object);
+        if qjs::JS_IsException(value) {
+            return Err(EngineError(format!("bytecode does not run: {}", caught(ctx, rquickjs::Error::Exception))));
+        }
+        Ok(Value::from_raw(ctx.clone(), value))
+    }
+}
+
 /// Loads the prelude bytecode, hands it the host functions, and keeps the internals it returns.
 fn install_prelude<'js>(
     ctx: &Ctx<'js>,
@@ -686,25 +721,9 @@ fn install_prelude<'js>(
     state: &Rc<RefCell<State>>,
     flags: &Arc<Flags>,
 ) -> Result<Internals, EngineError> {
-    let raw = ctx.as_raw().as_ptr();
-    // SAFETY: the bytecode was written by this process from trusted source (never from a guest
-    // or a store); JS_EvalFunction consumes the read object and returns an owned value.
-    let install = unsafe {
-        let object = qjs::JS_ReadObject(raw, bytecode.as_ptr(), bytecode.len() as _, qjs::JS_READ_OBJ_BYTECODE as i32);
-        if qjs::JS_IsException(object) {
-            return Err(EngineError(format!(
-                "prelude bytecode does not load: {}",
-                caught(ctx, rquickjs::Error::Exception)
-            )));
-        }
-        let value = qjs::JS_EvalFunction(raw, object);
-        if qjs::JS_IsException(value) {
-            return Err(EngineError(format!("prelude does not run: {}", caught(ctx, rquickjs::Error::Exception))));
-        }
-        Value::from_raw(ctx.clone(), value)
-    };
-    let install: Function = install.get().map_err(EngineError::from)?;
+    let install: Function = run_bytecode(ctx, bytecode)?.get().map_err(EngineError::from)?;
     let host = Object::new(ctx.clone())?;
+    crate::web::install_host(ctx, &host, flags)?;
     let call_state = state.clone();
     let call_flags = flags.clone();
     host.set(

@@ -10,6 +10,7 @@ pub mod frontend;
 pub mod limits;
 pub mod nesting;
 pub mod search;
+mod web;
 
 pub use catalog::Catalog;
 pub use engine::{
