@@ -855,7 +855,7 @@ def _load_fixture(name: str) -> Any:
 
 def test_search_quality_on_the_200_tool_fixture_catalog(make_codemode):
     catalog = _load_fixture("catalog_200.json")
-    queries = _load_fixture("search_queries.json")
+    queries = [q for q in _load_fixture("search_queries.json") if q["catalog"] == "catalog_200.json"]
     cm = make_codemode({"workers": 1, "timeoutMs": 10000})
     for entry in catalog:
         source, owner, name = entry["id"].split(":", 2)

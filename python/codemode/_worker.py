@@ -15,7 +15,7 @@ import select
 import sys
 
 from . import protocol
-from ._engine import Catalog, Engine, EngineInitError, __version__
+from ._engine import Catalog, Engine, EngineInitError, SemanticModel, __version__
 from .protocol import Configure, Drop, Fault, Ready, Replay, Report, Settle, Start, input_hash
 
 #: How long a worker whose run just parked on tool calls gives the host to answer before it
@@ -45,6 +45,8 @@ class Worker:
     def __init__(self) -> None:
         self.config: Configure | None = None
         self.catalog: Catalog | None = None
+        #: The semantic search model and the pack it came from (a new catalog reuses it).
+        self.semantic: tuple[bytes, SemanticModel | None] = (b"", None)
         self.spare: Engine | None = None
         self.resident: dict[int, Engine] = {}
         #: A finished engine, freed while idle so its teardown is not on the reply path.
@@ -92,9 +94,14 @@ class Worker:
             self.resident.pop(frame.run, None)
             return None
         if isinstance(frame, Configure):
-            if self.config is None or frame.fingerprint != self.config.fingerprint:
+            if self.config is None or (frame.fingerprint, frame.semantic) != (
+                self.config.fingerprint,
+                self.config.semantic,
+            ):
                 try:
-                    self.catalog = Catalog(frame.catalog_json)
+                    if frame.semantic != self.semantic[0]:
+                        self.semantic = (frame.semantic, SemanticModel(frame.semantic) if frame.semantic else None)
+                    self.catalog = Catalog(frame.catalog_json, semantic=self.semantic[1])
                 except ValueError as e:
                     self.config = self.catalog = None
                     return Fault(0, f"bad catalog: {e}")

@@ -72,6 +72,8 @@ class Configure(msgspec.Struct, tag="configure", array_like=True):
     catalog_json: str
     #: Hash of ``catalog_json``: journals record it, a replay must see the same catalog.
     fingerprint: str
+    #: The semantic search model as a pack (``codemode.semantic``; ~9 MB), or empty: BM25 alone.
+    semantic: bytes = b""
 
 
 class Start(msgspec.Struct, tag="start", array_like=True):

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import msgspec
 
-from . import _engine
+from . import _engine, semantic
 from ._engine import Catalog
 from .catalog import quick_index
 from .config import BOUNDS, CodeModeConfig, load_config
@@ -623,7 +623,10 @@ class CodeMode:
         view = self.catalog()
         cached = self._host_catalog
         if cached is None or cached[0] != view.fingerprint:
-            cached = self._host_catalog = (view.fingerprint, Catalog(view.catalog_json, include_mcp=True))
+            cached = self._host_catalog = (
+                view.fingerprint,
+                Catalog(view.catalog_json, include_mcp=True, semantic=semantic.model()),
+            )
         return cached[1]
 
     def call_tool(self, session: Session, tool_id: str, args: Any) -> dict[str, Any]:
@@ -674,7 +677,8 @@ class CodeMode:
                     c.search_default_limit,
                     c.max_search_limit,
                 )
-                current = self._configure = Configure(limits, view.catalog_json, view.fingerprint)
+                pack = semantic.worker_pack(view.counts)
+                current = self._configure = Configure(limits, view.catalog_json, view.fingerprint, pack)
             return current, view
 
     # ---- sessions and lifetime -------------------------------------------------------------------
@@ -961,7 +965,7 @@ class CodeMode:
 
     def _configure_for(self, run: Run) -> Configure:
         view = run.dispatcher.view
-        return Configure(run.journal.limits, view.catalog_json, view.fingerprint)
+        return Configure(run.journal.limits, view.catalog_json, view.fingerprint, semantic.worker_pack(view.counts))
 
     def _finish(self, run: Run, step: Step, started: float, kind: str) -> Result:
         """Files a suspended run or retires a finished one; builds the spec's result."""

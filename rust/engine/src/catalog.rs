@@ -9,10 +9,12 @@
 //! `tools.describe` or `tools.<name>`: in code mode they are reached only through `MCP.*`.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
 use crate::search::{IndexEntry, SearchIndex};
+use crate::semantic::Model;
 
 /// Names `tools.<name>` can never take: they are the catalog helpers themselves.
 const RESERVED: [&str; 4] = ["search", "describe", "call", "callValue"];
@@ -81,19 +83,20 @@ fn text(object: &Map<String, Value>, key: &str) -> Option<String> {
 impl Catalog {
     /// An empty catalog (a host without tools).
     pub fn empty() -> Catalog {
-        Catalog::from_entries(Vec::new(), BTreeMap::new(), false)
+        Catalog::from_entries(Vec::new(), BTreeMap::new(), false, None)
     }
 
     /// Parses the host's catalog: `{"tools": [...], "api": {path: text}}` (or just the tools
     /// array). A tool is `{id, name, description, source, input, label?, sourceName?, output?,
     /// parameters?, outputSchema?, fields?}`; MCP tools add `ident`, `serverIdent`, `declaration`.
     pub fn from_json(json: &str) -> Result<Catalog, String> {
-        Catalog::from_json_with(json, false)
+        Catalog::from_json_with(json, false, None)
     }
 
     /// `include_mcp`: MCP tools are searched, described and listed like the others (the host's
     /// tool-search surface, where they are called by id; code mode keeps them to `MCP.*`).
-    pub fn from_json_with(json: &str, include_mcp: bool) -> Result<Catalog, String> {
+    /// `model`: search is hybrid (BM25 fused with embeddings, the tools embedded here, once).
+    pub fn from_json_with(json: &str, include_mcp: bool, model: Option<Arc<Model>>) -> Result<Catalog, String> {
         let value: Value = serde_json::from_str(json).map_err(|e| format!("catalog is not valid JSON: {e}"))?;
         let (items, api, servers) = match value {
             Value::Array(items) => (items, Map::new(), Map::new()),
@@ -123,14 +126,19 @@ impl Catalog {
             entries.push(object);
         }
         let api = api.into_iter().filter_map(|(k, v)| v.as_str().map(|text| (k, text.to_owned()))).collect();
-        let mut catalog = Catalog::from_entries(entries, api, include_mcp);
+        let mut catalog = Catalog::from_entries(entries, api, include_mcp, model);
         if !include_mcp {
             catalog.add_mcp_servers(servers);
         }
         Ok(catalog)
     }
 
-    fn from_entries(objects: Vec<Map<String, Value>>, api: BTreeMap<String, String>, include_mcp: bool) -> Catalog {
+    fn from_entries(
+        objects: Vec<Map<String, Value>>,
+        api: BTreeMap<String, String>,
+        include_mcp: bool,
+        model: Option<Arc<Model>>,
+    ) -> Catalog {
         let mut mcp_view = Map::new();
         let mut mcp_servers = HashMap::new();
         let mut entries = Vec::with_capacity(objects.len());
@@ -212,7 +220,7 @@ impl Catalog {
         let all: Vec<&str> = entries.iter().filter(|e| !e.mcp).map(|e| e.compact.as_str()).collect();
         let all_json = format!("[{}]", all.join(","));
         Catalog {
-            index: SearchIndex::new(&index_entries),
+            index: SearchIndex::with_model(&index_entries, model),
             entries,
             by_id,
             by_name,
@@ -325,6 +333,11 @@ impl Catalog {
     /// The sorted safe names as a JSON array.
     pub fn safe_names_json(&self) -> &str {
         &self.safe_names_json
+    }
+
+    /// `"hybrid"` or `"bm25"`: how `tools.search` ranks in this catalog.
+    pub fn search_mode(&self) -> &'static str {
+        self.index.mode()
     }
 
     /// Search results as a JSON array of compact entries.

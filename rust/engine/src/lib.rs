@@ -10,6 +10,7 @@ pub mod frontend;
 pub mod limits;
 pub mod nesting;
 pub mod search;
+pub mod semantic;
 mod web;
 
 pub use catalog::Catalog;

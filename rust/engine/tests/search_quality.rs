@@ -1,4 +1,7 @@
-//! Ranking quality on a realistic 228-tool catalog, and speed on a synthetic 10,000-tool one.
+//! Ranking quality (BM25 alone) on a realistic 228-tool catalog, and speed on a synthetic
+//! 10,000-tool one. The held-out paraphrase and misspelling queries over `catalog_20.json`, and
+//! the hybrid mode (which needs the model from the `wordllama` wheel), are measured with recall
+//! floors in tests/test_search.py.
 //!
 //! Run `cargo test --release -p codemode-engine --test search_quality -- --nocapture` for the
 //! per-query ranks and the timings; the timing bound is asserted only in release builds.
@@ -48,7 +51,10 @@ fn fixture_queries_rank_expected_tool_in_top_3() {
     let entries = catalog();
     assert!(entries.len() >= 200, "catalog has {} tools", entries.len());
     let index = SearchIndex::new(&entries);
-    let queries = parse(QUERIES, "queries");
+    let queries: Vec<Value> = parse(QUERIES, "queries")
+        .into_iter()
+        .filter(|q| q.get("catalog").and_then(Value::as_str) == Some("catalog_200.json"))
+        .collect();
     assert!(queries.len() >= 30);
 
     let mut top1 = 0;

@@ -6,6 +6,7 @@
 //! The host uses one helper from here, `spin_readable`, which does detach.
 
 mod errors;
+mod semantic;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -61,12 +62,25 @@ struct Catalog {
 
 #[pymethods]
 impl Catalog {
+    /// With `semantic`, search is hybrid and the tools are embedded here (GIL released).
     #[new]
-    #[pyo3(signature = (entries_json, include_mcp = false))]
-    fn new(entries_json: &str, include_mcp: bool) -> PyResult<Self> {
-        InnerCatalog::from_json_with(entries_json, include_mcp)
+    #[pyo3(signature = (entries_json, include_mcp = false, semantic = None))]
+    fn new(
+        py: Python<'_>,
+        entries_json: &str,
+        include_mcp: bool,
+        semantic: Option<&semantic::SemanticModel>,
+    ) -> PyResult<Self> {
+        let model = semantic.map(|s| s.inner.clone());
+        py.detach(|| InnerCatalog::from_json_with(entries_json, include_mcp, model))
             .map(|c| Catalog { inner: Arc::new(c) })
             .map_err(PyValueError::new_err)
+    }
+
+    /// `"hybrid"` (BM25 fused with embeddings) or `"bm25"`.
+    #[getter]
+    fn search_mode(&self) -> &'static str {
+        self.inner.search_mode()
     }
 
     fn __len__(&self) -> usize {
@@ -179,6 +193,7 @@ fn spin_readable(py: Python<'_>, fd: i32, seconds: f64) -> bool {
 fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Engine>()?;
     m.add_class::<Catalog>()?;
+    m.add_class::<semantic::SemanticModel>()?;
     m.add_function(wrap_pyfunction!(spin_readable, m)?)?;
     m.add("EngineInitError", m.py().get_type::<errors::EngineInitError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -200,6 +215,7 @@ fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
             "Catalog",
             "Engine",
             "EngineInitError",
+            "SemanticModel",
             "__version__",
             "spin_readable",
         ],
