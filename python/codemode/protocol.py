@@ -33,6 +33,7 @@ __all__ = [
     "Settle",
     "Start",
     "WorkerFrame",
+    "bounded_bytes",
     "decode_guest_json",
     "encode",
     "input_hash",
@@ -232,6 +233,17 @@ def utf8_len(text: str) -> int:
     """Bytes of ``text`` in UTF-8 (a lone surrogate as its 3), without a copy when it is ASCII
     (most JSON is): what a payload adds to a frame."""
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def bounded_bytes(text: str, max_bytes: int) -> str:
+    """``text`` cut to at most ``max_bytes`` of UTF-8, never inside a character, the cut marked
+    at its end with how much was left out."""
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= max_bytes:
+        return text
+    marker = f"… [{len(data) - max_bytes} more bytes cut]"
+    keep = max(0, max_bytes - utf8_len(marker))
+    return data[:keep].decode("utf-8", "ignore") + marker
 
 
 def too_heavy(text: str) -> str | None:

@@ -30,8 +30,8 @@ from .config import BOUNDS, CodeModeConfig, load_config
 from .errors import ClosedError, CodemodeError, ConfigError, ToolDefinitionError
 from .namespaces import NamespaceRegistration, Namespaces
 from .policy import Approver, Hook, Policy, ToolCallEvent, Trace, TraceEvent
-from .protocol import Configure, EngineLimits
-from .runs import Journal, Run, RunLookupError, RunTable, Scope, Step, journal_size
+from .protocol import Configure, EngineLimits, bounded_bytes, utf8_len
+from .runs import Journal, Run, RunLookupError, RunTable, Scope, Step, journal_size, new_run_id
 from .store import Store, StoreError, StoreLimitError, open_store
 from .supervisor import Supervisor
 from .surfaces import SURFACES, ModelTool, Surface, control_tools, directory_listing, payload_bytes
@@ -62,6 +62,8 @@ LIKELY_SCHEMAS = 3
 #: The longest cell source accepted, in characters: a model writes cells of a few KB; a bigger
 #: one is refused before it reaches a worker (and is one frame, under its cap, if it does).
 MAX_SOURCE_CHARS = 1 << 20
+#: What a failed run's error keeps when its outputs used up maxOutputBytes: enough to say why.
+MIN_ERROR_BYTES = 256
 #: The lower bound of a `tool_search_code` cell's timeout (seed 001).
 TOOL_SEARCH_CODE_MIN_TIMEOUT_MS = 1000
 #: How long an unreachable MCP server is left alone before an exec lists it again (in the
@@ -142,8 +144,6 @@ class Waiting(msgspec.Struct, tag="waiting", tag_field="status", omit_defaults=T
 
 Result = Completed | Failed | Waiting
 
-_LOG_PREFIX = {2: "", 3: "", 4: "[warn] ", 5: "[error] "}
-
 
 def _outputs(raw: list[tuple[int, Any]], max_chars: int | None = None) -> list[Output]:
     """The spec's outputs from a run's ``(kind, text)`` list (kind 1 already decoded)."""
@@ -155,7 +155,7 @@ def _outputs(raw: list[tuple[int, Any]], max_chars: int | None = None) -> list[O
             mime, _, data = text.partition(";")
             out.append(ImageOutput(mime, data))
         else:
-            out.append(TextOutput(_LOG_PREFIX.get(kind, "") + text))
+            out.append(TextOutput(text))  # console lines carry their prefix from the engine
     return out if max_chars is None else _truncate(out, max_chars)
 
 
@@ -1018,6 +1018,12 @@ class CodeMode:
             return Completed(value=step.value, telemetry=telemetry, output=output)
         code_, name, message, _stack = step.failure or ("internal_error", "Error", "unknown failure", "")
         error = message if code_ is not None else (f"{name}: {message}" if message else name)
+        # One budget: the error gets what the outputs left of maxOutputBytes (at least a line).
+        # (As JSON, like the outputs: the quotes and escapes of the text count too.)
+        budget = run.journal.limits.max_output_bytes
+        left = budget - len(msgspec.json.encode(output)) if output else budget
+        escapes = len(msgspec.json.encode(error)) - utf8_len(error)
+        error = bounded_bytes(error, max(left - escapes, min(budget, MIN_ERROR_BYTES)))
         return Failed(error=error, code=code_, telemetry=telemetry, output=output)
 
     def _retire(self, run: Run) -> None:

@@ -163,6 +163,19 @@ pub enum Status {
     Pending,
 }
 
+/// Bytes of `text` as a JSON string literal (quotes and escapes included), as the host encodes it.
+fn json_string_len(text: &str) -> usize {
+    let escapes: usize = text
+        .bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 1,
+            0..=0x1f => 5,
+            _ => 0,
+        })
+        .sum();
+    text.len().saturating_add(escapes).saturating_add(2)
+}
+
 /// What `text`, `json` and `console.*` produced, in call order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -178,6 +191,29 @@ pub enum OutputKind {
 }
 
 impl OutputKind {
+    /// What the host's result shows before a console line of this kind.
+    fn prefix(self) -> &'static str {
+        match self {
+            OutputKind::Warn => "[warn] ",
+            OutputKind::Error => "[error] ",
+            _ => "",
+        }
+    }
+
+    /// Bytes this output takes in the host's result, as compact JSON (`{"type":"text","text":…}`,
+    /// `{"type":"json","value":…}`, `{"type":"image","mimeType":…,"data":…}`) plus its comma:
+    /// what `maxOutputBytes` counts, so escapes and framing cannot pass the budget unseen.
+    fn result_bytes(self, text: &str) -> usize {
+        match self {
+            OutputKind::Json => 25usize.saturating_add(text.len()),
+            OutputKind::Image => {
+                let (mime, data) = text.split_once(';').unwrap_or((text, ""));
+                37usize.saturating_add(json_string_len(mime)).saturating_add(json_string_len(data))
+            }
+            _ => 24usize.saturating_add(json_string_len(text)),
+        }
+    }
+
     fn from_i32(v: i32) -> Option<OutputKind> {
         Some(match v {
             0 => OutputKind::Text,
@@ -289,6 +325,8 @@ struct Internals {
 /// runtime aborts on leaked GC objects; `Drop` clears the ones held in shared state first.
 pub struct Engine {
     cell: Option<Persistent<Promise<'static>>>,
+    /// The cell's end, once its promise settled; the run ends with it when nothing is in flight.
+    decided: Option<Status>,
     internals: Internals,
     state: Rc<RefCell<State>>,
     context: Context,
@@ -417,7 +455,7 @@ impl Engine {
         }));
         let bytecode = prelude_bytecode()?;
         let internals = context.with(|ctx| install_prelude(&ctx, bytecode, &state, &flags))?;
-        Ok(Engine { cell: None, internals, state, context, runtime, flags, started: false })
+        Ok(Engine { cell: None, decided: None, internals, state, context, runtime, flags, started: false })
     }
 
     /// Serves these clock readings (runs, oldest first) before the real clock: journal replay.
@@ -559,39 +597,58 @@ impl Engine {
         outcome
     }
 
+    /// Where the run stands after a drive. The cell's own end (its value, or its error) is
+    /// decided once, when its promise settles; the run ends with it only when no call the
+    /// guest started is still in flight, so a call nobody awaits (`void tools.x()`, the losers
+    /// of `Promise.race`, the rest of a fail-fast `Promise.all`) still runs and settles first.
     fn conclude(&mut self) -> Status {
         let limits = self.state.borrow().limits;
-        match self.flags.aborted() {
-            Some(Abort::Exit) => return Status::Completed("null".into()),
-            Some(why) => return Status::Failed(Failure::aborted(why, &limits)),
-            None => {}
+        if self.decided.is_none() && self.flags.aborted().is_none() {
+            self.decided = self.decide(&limits);
         }
+        // `exit()` stops the guest for good (no job of it runs again) but is a normal end: the
+        // calls it started still settle first. Any other abort ends the run at once. Deciding
+        // runs guest code (an error's getters), which may have broken a limit itself.
+        let exited = match self.flags.aborted() {
+            Some(Abort::Exit) => true,
+            Some(why) => return Status::Failed(Failure::aborted(why, &limits)),
+            None => false,
+        };
+        if !self.state.borrow().resolvers.is_empty() {
+            return Status::Pending;
+        }
+        match &self.decided {
+            Some(status) => status.clone(),
+            None if exited => Status::Completed("null".into()),
+            None => Status::Failed(Failure::new(
+                ErrorCode::Timeout,
+                "DeadlockError",
+                "code mode cell can never finish: it awaits a promise that nothing will settle (no tool call is pending).",
+            )),
+        }
+    }
+
+    /// The cell's end once its promise has settled (None while it is pending). Its value
+    /// counts against the output budget from here on, with every output after it.
+    fn decide(&mut self, limits: &Limits) -> Option<Status> {
         let Some(cell) = self.cell.clone() else {
-            return Status::Failed(Failure::new(ErrorCode::InternalError, "Error", "no cell was started"));
+            return Some(Status::Failed(Failure::new(ErrorCode::InternalError, "Error", "no cell was started")));
         };
         let internals = &self.internals;
         let state = &self.state;
-        let status = self.context.with(|ctx| -> Status {
+        self.context.with(|ctx| -> Option<Status> {
             let promise = match cell.restore(&ctx) {
                 Ok(p) => p,
-                Err(e) => return Status::Failed(internal(&ctx, e)),
+                Err(e) => return Some(Status::Failed(internal(&ctx, e))),
             };
-            match promise.state() {
-                PromiseState::Pending => {
-                    if state.borrow().resolvers.is_empty() {
-                        Status::Failed(Failure::new(
-                            ErrorCode::Timeout,
-                            "DeadlockError",
-                            "code mode cell can never finish: it awaits a promise that nothing will settle (no tool call is pending).",
-                        ))
-                    } else {
-                        Status::Pending
-                    }
-                }
+            Some(match promise.state() {
+                PromiseState::Pending => return None,
                 PromiseState::Resolved => match promise.result::<String>() {
                     Some(Ok(json)) => {
-                        if json.len().saturating_add(state.borrow().output_bytes) > limits.max_output_bytes {
-                            Status::Failed(Failure::aborted(Abort::Output, &limits))
+                        let mut st = state.borrow_mut();
+                        let total = st.output_bytes.saturating_add(json.len());
+                        if total > limits.max_output_bytes {
+                            Status::Failed(Failure::aborted(Abort::Output, limits))
                         } else if json_nests_deeper_than(&json, MAX_VALUE_DEPTH) {
                             // The cell's own result cannot be represented: like a syntax error,
                             // the same cell fails the same way until its code changes.
@@ -601,11 +658,12 @@ impl Engine {
                                 too_deep("the value the cell returned"),
                             ))
                         } else {
+                            st.output_bytes = total;
                             Status::Completed(json)
                         }
                     }
                     Some(Err(e)) => Status::Failed(internal(&ctx, e)),
-                    None => Status::Pending,
+                    None => return None,
                 },
                 PromiseState::Rejected => {
                     let error = match promise.result::<Value>() {
@@ -615,14 +673,8 @@ impl Engine {
                     let (name, message, stack) = describe(&ctx, &internals.describe_error, error);
                     Status::Failed(Failure { code: None, name, message, stack })
                 }
-            }
-        });
-        // Describing the error runs guest code (getters); it may have broken a limit itself.
-        match self.flags.aborted() {
-            Some(Abort::Exit) => Status::Completed("null".into()),
-            Some(why) => Status::Failed(Failure::aborted(why, &limits)),
-            None => status,
-        }
+            })
+        })
     }
 
     /// The cell's `store` writes, read once it completed (a prelude call: no guest code runs).
@@ -793,8 +845,12 @@ fn install_prelude<'js>(
             let Some(kind) = OutputKind::from_i32(kind) else {
                 return Err(Exception::throw_type(&ctx, "unknown output kind"));
             };
+            let text = match kind.prefix() {
+                "" => text,
+                prefix => format!("{prefix}{text}"),
+            };
             let mut st = emit_state.borrow_mut();
-            let total = st.output_bytes.saturating_add(text.len());
+            let total = st.output_bytes.saturating_add(kind.result_bytes(&text));
             if total > st.limits.max_output_bytes {
                 emit_flags.abort(Abort::Output);
                 return Err(throw_uncatchable(&ctx, "code mode output limit exceeded"));

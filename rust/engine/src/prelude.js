@@ -28,6 +28,7 @@
   const NumberIsFinite = Number.isFinite;
   const StringCtor = String;
   const StringSlice = String.prototype.slice;
+  const StringCharCodeAt = String.prototype.charCodeAt;
   const SymbolToString = Symbol.prototype.toString;
   const SetCtor = Set;
   const SetHas = Set.prototype.has;
@@ -71,12 +72,11 @@
     if (value === null) return null;
     if (depth >= MAX_DEPTH) return "[MaxDepth]";
     if (ReflectApply(SetHas, seen, [value])) return "[Circular]";
+    if (value instanceof PromiseCtor) return NOT_AWAITED;
     if (typeof value.toJSON === "function") {
       return safe(value.toJSON(), seen, depth + 1);
     }
-    if (value instanceof ErrorCtor) {
-      return { name: StringCtor(value.name), message: StringCtor(value.message) };
-    }
+    if (value instanceof ErrorCtor) return errorJson(value);
     ReflectApply(SetAdd, seen, [value]);
     let out;
     if (ArrayIsArray(value)) {
@@ -99,12 +99,33 @@
     return out;
   }
 
+  // What JSON.stringify would write as `{}`, said instead: an Error's name and message, and a
+  // Promise (its state is never read and nothing is awaited or invoked: a forgotten `await`).
+  const NOT_AWAITED = "[Promise: not awaited; use await]";
+  function errorJson(error) {
+    return { name: readable(error, "name"), message: readable(error, "message") };
+  }
+  function readable(error, key) {
+    try {
+      return StringCtor(error[key]);
+    } catch (_) {
+      return "[unreadable]"; // a getter that throws must not fail the value it sits in
+    }
+  }
+  function replacer(_key, value) {
+    if (typeof value === "object" && value !== null) {
+      if (value instanceof PromiseCtor) return NOT_AWAITED;
+      if (value instanceof ErrorCtor) return errorJson(value);
+    }
+    return value;
+  }
+
   /// JSON text for any guest value; `undefined` and functions at the top level do not vanish.
   function toJson(value) {
     if (value === undefined) return "null";
     if (typeof value !== "function" && typeof value !== "symbol") {
       try {
-        const text = JsonStringify(value);
+        const text = JsonStringify(value, replacer);
         if (text !== undefined) return text;
       } catch (_) {
         // cycles and BigInt: fall through to the walker
@@ -513,7 +534,11 @@
 
   function clip(s) {
     s = StringCtor(s);
-    return s.length > MAX_ERROR_CHARS ? ReflectApply(StringSlice, s, [0, MAX_ERROR_CHARS]) + "…" : s;
+    if (s.length <= MAX_ERROR_CHARS) return s;
+    // Never between the halves of a surrogate pair.
+    const high = ReflectApply(StringCharCodeAt, s, [MAX_ERROR_CHARS - 1]);
+    const end = high >= 0xd800 && high < 0xdc00 ? MAX_ERROR_CHARS - 1 : MAX_ERROR_CHARS;
+    return ReflectApply(StringSlice, s, [0, end]) + "…";
   }
 
   function describeError(error) {

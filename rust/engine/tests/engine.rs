@@ -173,7 +173,10 @@ fn outputs_keep_call_order() {
         "[]",
     );
     let kinds: Vec<_> = out.outputs.iter().map(|o| (o.kind, o.text.as_str())).collect();
-    assert_eq!(kinds, vec![(OutputKind::Text, "a"), (OutputKind::Json, r#"{"b":1}"#), (OutputKind::Warn, "c 2")]);
+    assert_eq!(
+        kinds,
+        vec![(OutputKind::Text, "a"), (OutputKind::Json, r#"{"b":1}"#), (OutputKind::Warn, "[warn] c 2")]
+    );
 }
 
 #[test]
@@ -441,4 +444,156 @@ fn a_clock_that_keeps_changing_cannot_grow_a_report_past_its_budget() {
     let expected = limits.max_report_bytes / 14;
     assert_eq!(completed(&outcome.status), format!(r#"[{expected},"RangeError"]"#));
     assert!(outcome.clock_reads.len() * 14 <= limits.max_report_bytes);
+}
+
+fn settle_all(e: &mut Engine, ids: &[u32], payload: &str) -> codemode_engine::Outcome {
+    e.settle(ids.iter().map(|&id| Settlement { id, ok: true, payload: payload.into() }).collect(), 2000.0)
+}
+
+#[test]
+fn a_call_nobody_awaits_is_still_started_and_the_run_ends_after_it_settles() {
+    let mut e = engine();
+    let out = e.start("void tools.callValue('t:audit', {}); return 'done'", Language::JavaScript, 2000.0, 1, "{}");
+    assert_eq!(out.status, Status::Pending);
+    assert_eq!(out.calls.len(), 1);
+    assert_eq!(out.calls[0].tool, "t:audit");
+    let done = settle_all(&mut e, &[out.calls[0].id], "null");
+    assert_eq!(done.status, Status::Completed(r#""done""#.into()));
+}
+
+#[test]
+fn the_losers_of_a_race_settle_before_the_run_completes_with_the_winner_the_cell_saw() {
+    let mut e = engine();
+    let out = e.start(
+        "return await Promise.race([tools.callValue('t:fast', {}), tools.callValue('t:slow', {})])",
+        Language::JavaScript,
+        2000.0,
+        1,
+        "{}",
+    );
+    let (fast, slow) = (out.calls[0].id, out.calls[1].id);
+    let decided = settle_all(&mut e, &[fast], r#""fast""#);
+    assert_eq!(decided.status, Status::Pending, "the loser is still running");
+    assert_eq!(decided.in_flight, 1);
+    let done = settle_all(&mut e, &[slow], r#""slow""#);
+    assert_eq!(done.status, Status::Completed(r#""fast""#.into()));
+}
+
+#[test]
+fn work_a_settling_loser_does_after_the_value_is_decided_still_runs() {
+    let mut e = engine();
+    let out = e.start(
+        "tools.callValue('t:first', {}).then((v) => { text('late ' + v); return tools.callValue('t:second', {}) });
+         return 1",
+        Language::JavaScript,
+        2000.0,
+        1,
+        "{}",
+    );
+    assert_eq!(out.status, Status::Pending);
+    let next = settle_all(&mut e, &[out.calls[0].id], "2");
+    assert_eq!(next.status, Status::Pending);
+    assert_eq!(next.calls.len(), 1, "a call started after the cell returned is started too");
+    assert_eq!(next.outputs[0].text, "late 2");
+    let done = settle_all(&mut e, &[next.calls[0].id], "3");
+    assert_eq!(done.status, Status::Completed("1".into()));
+}
+
+#[test]
+fn a_failed_cell_also_ends_only_after_its_started_calls_settle() {
+    let mut e = engine();
+    let out = e.start(
+        "await Promise.all([Promise.reject(new Error('early')), tools.callValue('t:rest', {})])",
+        Language::JavaScript,
+        2000.0,
+        1,
+        "{}",
+    );
+    assert_eq!(out.status, Status::Pending);
+    let done = settle_all(&mut e, &[out.calls[0].id], "1");
+    match done.status {
+        Status::Failed(f) => assert_eq!(f.message, "early"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn outputs_and_the_value_share_one_budget_counted_as_the_results_json() {
+    let limits = Limits { max_output_bytes: 1024, ..Limits::default() };
+    // 1,000 characters of text take 1,024 bytes in the result ({"type":"text","text":"…"},):
+    // with any value besides, the budget is passed (it used to count the raw text only).
+    let status =
+        engine_with(limits).start("text('x'.repeat(1000)); return 1", Language::JavaScript, 2000.0, 1, "{}").status;
+    assert_eq!(failure_code(&status), Some(ErrorCode::OutputLimitExceeded));
+    let status =
+        engine_with(limits).start("text('x'.repeat(900)); return 1", Language::JavaScript, 2000.0, 1, "{}").status;
+    assert_eq!(status, Status::Completed("1".into()));
+    // Escapes count as the host writes them: 300 newlines are 600 bytes of JSON.
+    let status = engine_with(limits)
+        .start("text('\\n'.repeat(300)); text('\\n'.repeat(300))", Language::JavaScript, 2000.0, 1, "{}")
+        .status;
+    assert_eq!(failure_code(&status), Some(ErrorCode::OutputLimitExceeded));
+}
+
+#[test]
+fn warnings_and_errors_carry_their_prefix_from_the_engine() {
+    let out = engine().start(
+        "console.warn('w'); console.error('e'); console.log('l')",
+        Language::JavaScript,
+        2000.0,
+        1,
+        "{}",
+    );
+    let texts: Vec<_> = out.outputs.iter().map(|o| o.text.as_str()).collect();
+    assert_eq!(texts, ["[warn] w", "[error] e", "l"]);
+}
+
+#[test]
+fn errors_serialize_as_name_and_message_wherever_they_sit() {
+    assert_eq!(run("return new TypeError('bad')"), Status::Completed(r#"{"name":"TypeError","message":"bad"}"#.into()));
+    assert_eq!(
+        run("const e = new Error('x'); e.code = 7; return {errors: [e]}"),
+        Status::Completed(r#"{"errors":[{"name":"Error","message":"x"}]}"#.into())
+    );
+    let out = engine().start("json(new RangeError('r')); return 1", Language::JavaScript, 2000.0, 1, "{}");
+    assert_eq!(out.outputs[0].text, r#"{"name":"RangeError","message":"r"}"#);
+}
+
+#[test]
+fn a_promise_in_the_value_or_an_output_is_named_as_not_awaited_without_being_awaited() {
+    let mut e = engine();
+    let out = e.start(
+        "const r = tools.callValue('t:double', {x: 2}); json({r}); return {r, n: 1n}",
+        Language::JavaScript,
+        2000.0,
+        1,
+        "{}",
+    );
+    assert_eq!(out.outputs[0].text, r#"{"r":"[Promise: not awaited; use await]"}"#);
+    // The call it started still runs; the value was decided when the cell returned.
+    let done = settle_all(&mut e, &[out.calls[0].id], "4");
+    assert_eq!(done.status, Status::Completed(r#"{"r":"[Promise: not awaited; use await]","n":"1"}"#.into()));
+    // A thenable is a plain object: its `then` is never called.
+    assert_eq!(
+        run("let called = false; const t = {then() { called = true }, v: 1}; json(t); return {t, called}"),
+        Status::Completed(r#"{"t":{"v":1},"called":false}"#.into())
+    );
+}
+
+#[test]
+fn exit_stops_the_guest_but_the_calls_it_started_still_settle_before_the_end() {
+    let mut e = engine();
+    let out = e.start(
+        "tools.callValue('t:audit', {}).then(() => text('never runs')); store('k', 2); exit(); return 'unreached'",
+        Language::JavaScript,
+        2000.0,
+        1,
+        "{}",
+    );
+    assert_eq!(out.status, Status::Pending);
+    assert_eq!(out.calls.len(), 1);
+    let done = settle_all(&mut e, &[out.calls[0].id], "true");
+    assert_eq!(done.status, Status::Completed("null".into()));
+    assert!(done.outputs.is_empty(), "no guest code runs after exit(): {:?}", done.outputs);
+    assert_eq!(done.store_writes.as_deref(), Some(r#"{"k":"2"}"#));
 }
