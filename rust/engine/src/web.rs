@@ -2,7 +2,7 @@
 //! `application/x-www-form-urlencoded`, and the class brands `structuredClone` dispatches on.
 //!
 //! ```text
-//! guest ──> web.js (argument conversion, classes, errors) ──> host.web.* (here) ──> url / base64 crates
+//! guest ──> web.js (argument conversion, classes, errors) ──> web.* (here) ──> url / base64 crates
 //! ```
 //! Everything here is pure: no state, no I/O, no clock. URL parsing is the `url` crate's (the
 //! WHATWG algorithm, with its setters in `url::quirks`), never a parser of ours. `web.js` is
@@ -255,16 +255,25 @@ fn web_bytecode() -> Result<&'static [u8], EngineError> {
 
 const WEB_NAME: &CStr = c"<web>";
 
-/// Hands `web_lazy.js` the host functions of the web APIs as `host.web`.
+/// Hands `web_lazy.js` `host.loadWeb()`, which gives `[installWeb, host functions]` on the
+/// run's first use of a web API: a run that never uses one builds neither.
 pub(crate) fn install_host<'js>(ctx: &Ctx<'js>, host: &Object<'js>, flags: &Arc<Flags>) -> rquickjs::Result<()> {
+    let flags = flags.clone();
+    let load = Function::new(ctx.clone(), move |ctx: Ctx<'js>| -> rquickjs::Result<Array<'js>> {
+        let install = web_bytecode()
+            .and_then(|bytecode| run_bytecode(&ctx, bytecode))
+            .map_err(|e| Exception::throw_internal(&ctx, &format!("web APIs unavailable: {e}")))?;
+        let out = Array::new(ctx.clone())?;
+        define_index(&ctx, &out, 0, install)?;
+        define_index(&ctx, &out, 1, host_functions(&ctx, &flags)?.into_value())?;
+        Ok(out)
+    })?;
+    host.set("loadWeb", load)
+}
+
+/// The host functions web.js calls (`web.*` there).
+fn host_functions<'js>(ctx: &Ctx<'js>, flags: &Arc<Flags>) -> rquickjs::Result<Object<'js>> {
     let web = Object::new(ctx.clone())?;
-    web.set(
-        "load",
-        Function::new(ctx.clone(), |ctx: Ctx<'js>| -> rquickjs::Result<Value<'js>> {
-            let loaded = web_bytecode().and_then(|bytecode| run_bytecode(&ctx, bytecode));
-            loaded.map_err(|e| Exception::throw_internal(&ctx, &format!("web APIs unavailable: {e}")))
-        })?,
-    )?;
     web.set(
         "classId",
         Function::new(ctx.clone(), |value: Value<'js>| -> u32 {
@@ -493,7 +502,7 @@ pub(crate) fn install_host<'js>(ctx: &Ctx<'js>, host: &Object<'js>, flags: &Arc<
             },
         )?,
     )?;
-    host.set("web", web)
+    Ok(web)
 }
 
 /// `urlSet`'s pseudo-component for the URLSearchParams update step (the query without `?`).
@@ -530,9 +539,7 @@ mod tests {
         let runtime = rquickjs::Runtime::new().map_err(|e| e.to_string())?;
         let context = rquickjs::Context::full(&runtime).map_err(|e| e.to_string())?;
         context.with(|ctx| {
-            let host = Object::new(ctx.clone()).map_err(|e| e.to_string())?;
-            install_host(&ctx, &host, &flags).map_err(|e| e.to_string())?;
-            let web: Value = host.get("web").map_err(|e| e.to_string())?;
+            let web = host_functions(&ctx, &flags).map_err(|e| e.to_string())?;
             ctx.globals().set("web", web).map_err(|e| e.to_string())?;
             match ctx.eval::<String, _>(code) {
                 Ok(v) => Ok(v),

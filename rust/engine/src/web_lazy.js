@@ -10,111 +10,114 @@
 (function withWebApis(install) {
   "use strict";
   return function installWithWebApis(host) {
-    defineWebGlobals(host.web);
+    defineWebGlobals(host.loadWeb);
     return install(host);
   };
 
-  function defineWebGlobals(web) {
+  function defineWebGlobals(loadWeb) {
     const G = globalThis;
     const ReflectGetOwnPropertyDescriptor = Reflect.getOwnPropertyDescriptor;
     const ObjectDefineProperty = Object.defineProperty;
     const ObjectGetPrototypeOf = Object.getPrototypeOf;
-    const getter = (target, name) => ReflectGetOwnPropertyDescriptor(target, name).get;
+    // C methods are built on first read (a capture costs one), getters already exist: reading one
+    // through __lookupGetter__ makes no descriptor object.
+    const ReflectApply = Reflect.apply;
+    const lookupGetter = Object.prototype.__lookupGetter__;
+    const getter = (target, name) => ReflectApply(lookupGetter, target, [name]);
     const TypedArray = ObjectGetPrototypeOf(Int8Array);
-    const TypedArrayCtors = { __proto__: null, Int8Array, Uint8Array, Uint8ClampedArray, Int16Array, Uint16Array,
-      Int32Array, Uint32Array, Float32Array, Float64Array, BigInt64Array, BigUint64Array };
-    if (typeof Float16Array === "function") TypedArrayCtors.Float16Array = Float16Array;
-    const I = {
-      __proto__: null,
-      ReflectApply: Reflect.apply,
-      ReflectOwnKeys: Reflect.ownKeys,
-      ReflectGetOwnPropertyDescriptor,
-      ObjectCreate: Object.create,
-      ObjectDefineProperty,
-      ObjectKeys: Object.keys,
-      ObjectHasOwn: Object.hasOwn,
-      ObjectSetPrototypeOf: Object.setPrototypeOf,
-      ObjectCtor: Object,
-      ObjectPrototype: Object.prototype,
-      ArrayCtor: Array,
-      ArrayPrototype: Array.prototype,
-      ArraySort: Array.prototype.sort,
-      StringToWellFormed: String.prototype.toWellFormed,
-      StringCharCodeAt: String.prototype.charCodeAt,
-      StringSlice: String.prototype.slice,
-      StringToLowerCase: String.prototype.toLowerCase,
-      SymbolIterator: Symbol.iterator,
-      SymbolToStringTag: Symbol.toStringTag,
-      SymbolToString: Symbol.prototype.toString,
-      ErrorCtor: Error,
-      TypeErrorCtor: TypeError,
-      RangeErrorCtor: RangeError,
-      ErrorCtors: { __proto__: null, Error, EvalError, RangeError, ReferenceError, SyntaxError, TypeError, URIError },
-      MapCtor: Map,
-      MapGet: Map.prototype.get,
-      MapSet: Map.prototype.set,
-      MapForEach: Map.prototype.forEach,
-      SetCtor: Set,
-      SetAdd: Set.prototype.add,
-      SetForEach: Set.prototype.forEach,
-      BooleanCtor: Boolean,
-      BooleanValueOf: Boolean.prototype.valueOf,
-      NumberCtor: Number,
-      NumberValueOf: Number.prototype.valueOf,
-      StringCtor: String,
-      StringValueOf: String.prototype.valueOf,
-      BigIntValueOf: BigInt.prototype.valueOf,
-      SymbolCtor: Symbol,
-      DateCtor: Date,
-      DateGetTime: Date.prototype.getTime,
-      RegExpCtor: RegExp,
-      RegExpExec: RegExp.prototype.exec,
-      RegExpSource: getter(RegExp.prototype, "source"),
-      // In the order `flags` spells them.
-      RegExpFlagGetters: { __proto__: null, d: getter(RegExp.prototype, "hasIndices"), g: getter(RegExp.prototype, "global"),
-        i: getter(RegExp.prototype, "ignoreCase"), m: getter(RegExp.prototype, "multiline"),
-        s: getter(RegExp.prototype, "dotAll"), u: getter(RegExp.prototype, "unicode"),
-        v: getter(RegExp.prototype, "unicodeSets"), y: getter(RegExp.prototype, "sticky") },
-      ArrayBufferCtor: ArrayBuffer,
-      ArrayBufferByteLength: getter(ArrayBuffer.prototype, "byteLength"),
-      ArrayBufferMaxByteLength: getter(ArrayBuffer.prototype, "maxByteLength"),
-      ArrayBufferResizable: getter(ArrayBuffer.prototype, "resizable"),
-      ArrayBufferDetached: getter(ArrayBuffer.prototype, "detached"),
-      ArrayBufferImmutable: getter(ArrayBuffer.prototype, "immutable"),
-      ArrayBufferTransferToImmutable: ArrayBuffer.prototype.transferToImmutable,
-      SharedArrayBufferCtor: SharedArrayBuffer,
-      SharedArrayBufferByteLength: getter(SharedArrayBuffer.prototype, "byteLength"),
-      DataViewCtor: DataView,
-      DataViewBuffer: getter(DataView.prototype, "buffer"),
-      DataViewByteOffset: getter(DataView.prototype, "byteOffset"),
-      DataViewByteLength: getter(DataView.prototype, "byteLength"),
-      TypedArrayBuffer: getter(TypedArray.prototype, "buffer"),
-      TypedArrayByteOffset: getter(TypedArray.prototype, "byteOffset"),
-      TypedArrayByteLength: getter(TypedArray.prototype, "byteLength"),
-      TypedArrayLength: getter(TypedArray.prototype, "length"),
-      TypedArraySet: TypedArray.prototype.set,
-      TypedArrayCtors,
-      Uint8ArrayCtor: Uint8Array,
-      IteratorPrototype: ObjectGetPrototypeOf(ObjectGetPrototypeOf([][Symbol.iterator]())),
-      // Samples whose class ids tell structuredClone what it must refuse.
-      MapSample: new Map(),
-      PromiseSample: Promise.resolve(),
-      WeakMapSample: new WeakMap(),
-      WeakSetSample: new WeakSet(),
-      ProxySample: new Proxy({}, {}),
-    };
+    // In web.js's TYPED_NAMES order.
+    const TypedArrayCtors = [Int8Array, Uint8Array, Uint8ClampedArray, Int16Array, Uint16Array, Int32Array,
+      Uint32Array, Float32Array, Float64Array, BigInt64Array, BigUint64Array];
+    if (typeof Float16Array === "function") TypedArrayCtors[TypedArrayCtors.length] = Float16Array;
+    // In the order of buildWebApis's parameters in web.js (an array: no property names to
+    // build a shape from on every run).
+    const I = [
+      ReflectApply, // ReflectApply
+      Reflect.ownKeys, // ReflectOwnKeys
+      ReflectGetOwnPropertyDescriptor, // ReflectGetOwnPropertyDescriptor
+      Object.create, // ObjectCreate
+      ObjectDefineProperty, // ObjectDefineProperty
+      Object.keys, // ObjectKeys
+      Object.hasOwn, // ObjectHasOwn
+      Object.setPrototypeOf, // ObjectSetPrototypeOf
+      Object, // ObjectCtor
+      Object.prototype, // ObjectPrototype
+      Array, // ArrayCtor
+      Array.prototype, // ArrayPrototype
+      Array.prototype.sort, // ArraySort
+      String.prototype.toWellFormed, // StringToWellFormed
+      String.prototype.charCodeAt, // StringCharCodeAt
+      String.prototype.slice, // StringSlice
+      String.prototype.toLowerCase, // StringToLowerCase
+      Symbol.iterator, // SymbolIterator
+      Symbol.toStringTag, // SymbolToStringTag
+      Symbol.prototype.toString, // SymbolToString
+      Error, // ErrorCtor
+      TypeError, // TypeErrorCtor
+      RangeError, // RangeErrorCtor
+      [Error, EvalError, RangeError, ReferenceError, SyntaxError, TypeError, URIError], // ErrorCtors
+      Map, // MapCtor
+      Map.prototype.get, // MapGet
+      Map.prototype.set, // MapSet
+      Map.prototype.forEach, // MapForEach
+      Set, // SetCtor
+      Set.prototype.add, // SetAdd
+      Set.prototype.forEach, // SetForEach
+      Boolean, // BooleanCtor
+      Boolean.prototype.valueOf, // BooleanValueOf
+      Number, // NumberCtor
+      Number.prototype.valueOf, // NumberValueOf
+      String, // StringCtor
+      String.prototype.valueOf, // StringValueOf
+      BigInt.prototype.valueOf, // BigIntValueOf
+      Symbol, // SymbolCtor
+      Date, // DateCtor
+      Date.prototype.getTime, // DateGetTime
+      RegExp, // RegExpCtor
+      RegExp.prototype.exec, // RegExpExec
+      getter(RegExp.prototype, "source"), // RegExpSource
+      [getter(RegExp.prototype, "hasIndices"), getter(RegExp.prototype, "global"), getter(RegExp.prototype, "ignoreCase"),
+        getter(RegExp.prototype, "multiline"), getter(RegExp.prototype, "dotAll"), getter(RegExp.prototype, "unicode"),
+        getter(RegExp.prototype, "unicodeSets"), getter(RegExp.prototype, "sticky")], // RegExpFlagGetters, "dgimsuvy"
+      ArrayBuffer, // ArrayBufferCtor
+      getter(ArrayBuffer.prototype, "byteLength"), // ArrayBufferByteLength
+      getter(ArrayBuffer.prototype, "maxByteLength"), // ArrayBufferMaxByteLength
+      getter(ArrayBuffer.prototype, "resizable"), // ArrayBufferResizable
+      getter(ArrayBuffer.prototype, "detached"), // ArrayBufferDetached
+      getter(ArrayBuffer.prototype, "immutable"), // ArrayBufferImmutable
+      ArrayBuffer.prototype.transferToImmutable, // ArrayBufferTransferToImmutable
+      SharedArrayBuffer, // SharedArrayBufferCtor
+      getter(SharedArrayBuffer.prototype, "byteLength"), // SharedArrayBufferByteLength
+      DataView, // DataViewCtor
+      getter(DataView.prototype, "buffer"), // DataViewBuffer
+      getter(DataView.prototype, "byteOffset"), // DataViewByteOffset
+      getter(DataView.prototype, "byteLength"), // DataViewByteLength
+      getter(TypedArray.prototype, "buffer"), // TypedArrayBuffer
+      getter(TypedArray.prototype, "byteOffset"), // TypedArrayByteOffset
+      getter(TypedArray.prototype, "byteLength"), // TypedArrayByteLength
+      getter(TypedArray.prototype, "length"), // TypedArrayLength
+      TypedArray.prototype.set, // TypedArraySet
+      TypedArrayCtors, // TypedArrayCtors
+      Uint8Array, // Uint8ArrayCtor
+      ObjectGetPrototypeOf(ObjectGetPrototypeOf([][Symbol.iterator]())), // IteratorPrototype
+      Promise, // PromiseCtor
+      WeakMap, // WeakMapCtor
+      WeakSet, // WeakSetCtor
+      Proxy, // ProxyCtor
+    ];
 
     const NAMES = ["TextEncoder", "TextDecoder", "atob", "btoa", "URL", "URLSearchParams", "structuredClone", "DOMException"];
-    const getters = { __proto__: null };
+    const getters = []; // NAMES[i]'s accessor getter
     let apis;
     function load() {
       if (apis === undefined) {
-        const built = web.load()(I, web);
+        const loaded = loadWeb(); // [installWeb, the host functions]
+        const built = loaded[0](I, loaded[1]);
         for (let i = 0; i < NAMES.length; i++) {
           const name = NAMES[i];
           const now = ReflectGetOwnPropertyDescriptor(G, name);
           // Only what the guest has not replaced or deleted yet.
-          if (now !== undefined && now.get === getters[name]) define(name, built[name]);
+          if (now !== undefined && now.get === getters[i]) define(name, built[name]);
         }
         apis = built;
       }
@@ -126,7 +129,7 @@
     for (let i = 0; i < NAMES.length; i++) {
       const name = NAMES[i];
       const get = () => load()[name];
-      getters[name] = get;
+      getters[i] = get;
       ObjectDefineProperty(G, name, { __proto__: null, get, set: (value) => define(name, value), enumerable: false, configurable: true });
     }
   }
