@@ -147,6 +147,7 @@ long_texts = st.one_of(texts, st.sampled_from([(1 << 16) - 8, 1 << 16, 200_000])
 statuses = st.sampled_from(typing.get_args(protocol.Status))
 failure_codes = st.none() | st.sampled_from(typing.get_args(protocol.FailureCode))
 output_kinds = st.sampled_from(typing.get_args(protocol.OutputKind))
+call_methods = st.sampled_from(typing.get_args(protocol.CallMethod))
 
 readies = st.builds(Ready, ints, texts)
 faults = st.builds(Fault, ints, long_texts)
@@ -157,7 +158,7 @@ reports = st.builds(
     value=st.none() | long_texts,
     failure=st.none() | st.tuples(failure_codes, texts, long_texts, texts),
     outputs=st.lists(st.tuples(output_kinds, long_texts), max_size=4),
-    calls=st.lists(st.tuples(ints, texts, texts), max_size=4),
+    calls=st.lists(st.tuples(ints, texts, texts, call_methods), max_size=4),
     clock_reads=st.lists(st.tuples(floats, st.integers(1, (1 << 32) - 1)), max_size=4),
     in_flight=ints,
     memory_bytes=ints,

@@ -227,7 +227,9 @@ def test_unresolvable_forward_references_degrade_to_any() -> None:
         ({"type": "array"}, "unknown[]"),
         ({"enum": ["r", "w"]}, '"r" | "w"'),
         ({"const": 3}, "3"),
-        ({"type": "object"}, "Record<string, unknown>"),
+        ({"type": "object"}, "{ ... }"),
+        ({"type": "object", "additionalProperties": True}, "{ ... }"),
+        ({"type": "object", "additionalProperties": {}}, "{ ... }"),
         ({"type": "object", "additionalProperties": {"type": "number"}}, "Record<string, number>"),
         ({"type": "object", "additionalProperties": False}, "{}"),
         ({"allOf": [{"enum": [1, 2]}, {"type": "integer"}]}, "(1 | 2) & number"),
@@ -252,6 +254,56 @@ def test_unresolvable_forward_references_degrade_to_any() -> None:
 )
 def test_input_hint_rendering(schema: dict[str, Any] | None, hint: str) -> None:
     assert input_hint(schema) == hint
+
+
+@pytest.mark.parametrize(
+    ("schema", "hint"),
+    [
+        ({"const": "file"}, '"file"'),
+        ({"const": -1.5}, "-1.5"),
+        ({"const": None}, "null"),
+        ({"const": False}, "false"),
+        ({"const": {"kind": "file", "my-key": [1, "a"]}}, '{ kind: "file"; "my-key": [1, "a"] }'),
+        ({"const": {}}, "{}"),
+        ({"const": []}, "[]"),
+        ({"enum": [{"op": "add"}]}, '{ op: "add" }'),
+        ({"enum": [{"op": "add"}, ["x"], 2]}, '{ op: "add" } | ["x"] | 2'),
+        ({"const": {"a": {"b": {"c": {"d": 1}}}}}, "{ a: { b: { c: { … } } } }"),
+        ({"const": [[[[1]]]]}, "[[[unknown[]]]]"),
+        ({"const": list(range(10))}, "[0, 1, 2, 3, 4, 5, 6, 7, ...unknown[]]"),
+        ({"const": {f"k{i}": i for i in range(9)}}, "{ k0: 0; k1: 1; k2: 2; k3: 3; k4: 4; k5: 5; k6: 6; k7: 7; … }"),
+        ({"const": "line\u2028break"}, '"line\\u2028break"'),
+    ],
+)
+def test_json_literals_render_as_typescript_literal_types(schema: dict[str, Any], hint: str) -> None:
+    assert input_hint(schema, max_chars=1000) == hint
+
+
+def test_a_literal_object_in_a_field_and_a_closed_output_are_typescript() -> None:
+    schema = {"type": "object", "properties": {"filter": {"const": {"state": "open"}}}, "required": ["filter"]}
+    assert input_hint(schema) == '{ filter: { state: "open" } }'
+    assert output_hint({"const": {"ok": True}}) == "{ ok: true }"
+
+
+def test_open_objects_read_as_any_object_inside_a_hint() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "meta": {"type": "object"},
+            "tags": {"type": "object", "additionalProperties": {"type": "string"}},
+        },
+        "required": ["meta"],
+    }
+    assert input_hint(schema) == "{ meta: { ... }; tags?: Record<string, string> }"
+
+
+def test_input_hint_bounds_nesting_even_when_the_whole_fits() -> None:
+    level: dict[str, Any] = {"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]}
+    for name in ("d", "c", "b", "a"):
+        level = {"type": "object", "properties": {name: level}, "required": [name]}
+    assert input_hint(level, max_chars=1000) == "{ a: { b: { c: { … } } } }"
+    array_of_deep = {"type": "array", "items": level}
+    assert input_hint(array_of_deep, max_chars=1000) == "Array<{ a: { b: { c: { … } } } }>"
 
 
 def test_input_hint_of_a_tool() -> None:

@@ -148,7 +148,8 @@ def test_seed_000_end_to_end_plan():
         assert "host:core:computer" not in results[0]["value"]
         assert results[1]["value"] == ["host:fakeplugin:fake_lookup", "ABC", "contents of README.md", "chosen.txt"]
         assert results[2]["value"] == [["mcp/index.d.ts", "mcp/time.d.ts"], True, False, False, "undefined"]
-        assert results[3]["value"] == [False, "unknown tool: host:danger:wipe_disk"]
+        assert results[3]["value"][0] is False
+        assert results[3]["value"][1].startswith("unknown tool: host:danger:wipe_disk. ")
         waiting = results[4]
         assert waiting["status"] == "waiting" and waiting["output"] == [{"type": "text", "text": "before"}]
         # 13-14: wait delivers the result into the suspended VM; output after the resume arrives.

@@ -58,7 +58,7 @@ LOOPS = {
 def test_infinite_loop_times_out(hs, code):
     result = run(hs, code)
     assert_failed(result, "timeout")
-    assert "timed out" in result["error"]
+    assert "code mode timeout exceeded" in result["error"]
 
 
 @pytest.mark.parametrize("code", LOOPS.values(), ids=LOOPS.keys())
@@ -439,8 +439,8 @@ def test_a_worker_flooding_the_host_with_calls_is_discarded(monkeypatch) -> None
     def flood_frame(frame):
         if isinstance(frame, Report) and frame.status == "pending" and frame.calls and flood_once[0]:
             flood_once[0] = False
-            call_id, tool, data = frame.calls[0]
-            flood = [(call_id + i, tool, data) for i in range(5)]
+            call_id, tool, data, method = frame.calls[0]
+            flood = [(call_id + i, tool, data, method) for i in range(5)]
             frame = msgspec.structs.replace(frame, calls=flood)
         return frame
 
@@ -507,8 +507,9 @@ def test_a_hostile_report_mid_run_starts_no_call(monkeypatch, change, message) -
             pending[0] += 1
             if pending[0] == 3:
                 if change == "flood":
-                    call_id, tool, data = frame.calls[0]
-                    return msgspec.structs.replace(frame, calls=[(call_id + i, tool, data) for i in range(5)])
+                    call_id, tool, data, method = frame.calls[0]
+                    flood = [(call_id + i, tool, data, method) for i in range(5)]
+                    return msgspec.structs.replace(frame, calls=flood)
                 return msgspec.structs.replace(frame, **change)
         return frame
 

@@ -214,6 +214,22 @@ def test_create_scope_sees_the_plain_session_id_in_an_agent_run(ncm):
     assert CONTEXTS[-1].session_id == "ctx-session"
 
 
+def test_create_scope_receives_the_agent_run_and_the_run_id_a_waiting_result_gives(ncm):
+    CONTEXTS.clear()
+    session = ncm.session("ctx-run", agent_run="agent-run-3")
+    waiting = session.exec({"code": "await yield_control('pause'); return 1"})
+    assert waiting["status"] == "waiting", waiting
+    try:
+        ctx = CONTEXTS[-1]
+        assert (ctx.session_id, ctx.agent_run, ctx.run_id) == ("ctx-run", "agent-run-3", waiting["runId"])
+    finally:
+        session.cancel(waiting["runId"])
+    value(ncm.session("ctx-run"), "return 1")
+    other = CONTEXTS[-1]
+    assert other.agent_run is None
+    assert other.run_id.startswith("run_") and other.run_id != ctx.run_id
+
+
 def test_create_scope_failing_at_run_time_hides_the_namespace(make_codemode):
     cm = make_codemode({"workers": 1})
     add_github_tools(cm)
@@ -349,6 +365,17 @@ def test_no_registrable_name_breaks_the_cells(name):
 def test_global_name_taken_by_another_namespace_is_rejected(ncm):
     with pytest.raises(ToolDefinitionError, match="taken"):
         ncm.register_namespace(PLUGIN, issues_registration(id="github-issues-2"))
+
+
+def test_a_namespace_id_another_plugin_holds_is_refused(make_codemode):
+    cm = github_codemode(make_codemode)
+    with pytest.raises(ToolDefinitionError, match="'github-issues' is already registered by plugin 'github'"):
+        cm.register_namespace("intruder", issues_registration(global_name="Stolen"))
+    # The holder keeps it, untouched; its own plugin may register it again (a reload).
+    session = cm.session("holder")
+    assert value(session, "return Object.keys(namespaces)") == ["Issues"]
+    cm.register_namespace(PLUGIN, issues_registration(description="reloaded"))
+    assert "reloaded" in cm.exec_description()
 
 
 def test_namespace_must_name_its_required_tools(ncm):

@@ -104,12 +104,12 @@ def test_schemas_are_provider_safe(ss, surface):
         assert tool["function"]["parameters"]["type"] == "object"
 
 
-def test_exec_language_is_a_flat_string_enum(ss):
+def test_exec_language_is_a_flat_nullable_string_enum(ss):
     exec_tool = ss.model_tools("code")[0]
     assert exec_tool.input_schema["properties"]["language"] == {
-        "type": "string",
-        "enum": ["javascript", "typescript"],
-        "description": "Default javascript.",
+        "type": ["string", "null"],
+        "enum": ["javascript", "typescript", None],
+        "description": "null means javascript.",
     }
     anthropic = to_anthropic([exec_tool])[0]
     assert set(anthropic) == {"name", "description", "input_schema"}
@@ -267,9 +267,11 @@ def test_directory_surface_keeps_client_tools_directly_visible(make_codemode):
     assert names(cm.model_tools("directory", likely="ask the user to pick a file")).count("pick_file") == 1
 
 
-def test_exec_schema_lets_command_alone_through(ss):
+def test_exec_schema_requires_code_and_the_command_alias_still_runs(ss):
     (exec_tool,) = [t for t in ss.model_tools("code") if t.name == "exec"]
-    assert "required" not in exec_tool.input_schema
+    assert exec_tool.input_schema["required"] == ["code", "language", "restartSafe"]
+    assert "command" not in exec_tool.input_schema["properties"]
+    # `command` is the spec's alias for hooks and trusted rewrites: exec still takes it.
     assert ss.handle("exec", {"command": "return 6 * 7"})["value"] == 42
     assert ss.handle("exec", {})["code"] == "invalid_input"
 

@@ -95,7 +95,8 @@ def test_pending_tool_at_deadline_returns_waiting_and_wait_completes(wcm, gate):
     assert first["status"] == "waiting"
     assert first["reason"] == "pending_tools"
     assert first["runId"].startswith("run_")
-    assert first["pendingToolCalls"] == [{"id": first["pendingToolCalls"][0]["id"], "toolId": "host:core:slow"}]
+    pending = [{"id": first["pendingToolCalls"][0]["id"], "toolId": "host:core:slow", "method": "callValue"}]
+    assert first["pendingToolCalls"] == pending
     assert first["output"] == [{"type": "text", "text": "before"}]
     gate.open()
     done = s.wait({"runId": first["runId"]})

@@ -3,6 +3,7 @@
 from typing import Literal, TypeAlias, final
 
 __all__ = [
+    "CALL_METHODS",
     "MAX_BRIDGE_BYTES",
     "MAX_NESTING",
     "MAX_REPORT_BYTES",
@@ -19,14 +20,14 @@ __all__ = [
 
 #: ``(code, name, message, stack)`` of a failed run; ``code`` is None for a guest exception.
 _Failure: TypeAlias = tuple[str | None, str, str, str]
-#: ``(status, value_json, failure, outputs, calls, clock_reads, in_flight, memory_bytes, searches, describes,
-#: store_writes)``
+#: ``(status, value_json, failure, outputs, calls (id, tool, input, method), clock_reads, in_flight,
+#: memory_bytes, searches, describes, store_writes)``
 _Outcome: TypeAlias = tuple[
     str,
     str | None,
     _Failure | None,
     list[tuple[int, str]],
-    list[tuple[int, str, str]],
+    list[tuple[int, str, str, str]],
     list[tuple[float, int]],
     int,
     int,
@@ -38,6 +39,8 @@ _Outcome: TypeAlias = tuple[
 __version__: str
 PRELUDE_HASH: str
 YIELD_TOOL: str
+#: The guest API a call can start from, as each call's ``method`` names it (``CallMethod`` in engine.rs).
+CALL_METHODS: tuple[str, ...]
 #: How deeply a cell's source may nest (brackets, operator chains, statements); deeper is invalid_input.
 MAX_NESTING: int
 #: How deeply a value leaving the guest may nest (arrays and objects).

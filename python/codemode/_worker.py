@@ -32,9 +32,9 @@ def _limit(kind: int, value: int) -> None:
     resource.setrlimit(kind, (cap, hard if hard != resource.RLIM_INFINITY else cap))
 
 
-def _hashed(calls: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
+def _hashed(calls: list[tuple[int, str, str, str]]) -> list[tuple[int, str, str, str]]:
     """A replay's calls as its report carries them: each input by its hash."""
-    return [(call_id, tool, input_hash(data)) for call_id, tool, data in calls]
+    return [(call_id, tool, input_hash(data), method) for call_id, tool, data, method in calls]
 
 
 def _report(run: int, outcome: tuple) -> Report:  # type: ignore[type-arg]

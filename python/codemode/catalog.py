@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import math
 import re
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -74,6 +75,15 @@ _MAX_CHECKED_SCHEMA_BYTES = 16 << 10
 
 _ELLIPSIS = "…"
 _FOLDED = "{ … }"
+#: An object that takes any keys (no ``properties``, no closed or typed ``additionalProperties``).
+_OPEN = "{ ... }"
+#: Object levels an input hint shows at most: deeper ones fold to ``{ … }`` even when they fit
+#: (a hint reads at a glance; ``tools.describe`` has the rest).
+_MAX_HINT_LEVELS = 3
+#: A JSON literal (``const``, an ``enum`` value) renders as a TypeScript literal type this many
+#: levels deep, with at most this many items or keys per level.
+_MAX_LITERAL_DEPTH = 3
+_MAX_LITERAL_ITEMS = 8
 _IDENT = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*")
 #: Item types that read unambiguously with a ``[]`` suffix; anything else is written ``Array<T>``.
 _SIMPLE_TYPE = re.compile(r"[A-Za-z]+(?:\[\])*")
@@ -280,13 +290,15 @@ def _map_children(node: JsonSchema, fn: Callable[[Any], Any]) -> JsonSchema:
 def input_hint(schema: JsonSchema | None, *, max_chars: int = 160) -> str:
     """A TypeScript-style signature of a tool's input, at most ``max_chars`` long.
 
-    Too long in full, it degrades step by step: nested objects beyond two levels, then beyond one,
-    fold to ``{ … }``; then the top-level object keeps the fields that fit, required ones first,
-    ending in ``; … }``; a last resort cuts the text and ends it with ``…``.
+    Objects nested deeper than three levels fold to ``{ … }``; an object that takes any keys is
+    ``{ ... }``; ``const`` and ``enum`` values are TypeScript literal types (``"r" | "w"``,
+    ``{ kind: "file" }``). Too long, it degrades step by step: nested objects beyond two levels,
+    then beyond one, fold to ``{ … }``; then the top-level object keeps the fields that fit,
+    required ones first, ending in ``; … }``; a last resort cuts the text and ends it with ``…``.
     """
     node = inline_refs(schema) if isinstance(schema, dict) else schema
     text = ""
-    for keep in (_MAX_DEPTH, 2, 1):
+    for keep in (_MAX_HINT_LEVELS, 2, 1):
         text = _render(node, keep, 0)
         if len(text) <= max_chars:
             return text
@@ -348,8 +360,9 @@ def _render_object(node: JsonSchema, keep: int, depth: int) -> str:
     if not properties:
         if extra is False:
             return "{}"
-        value = _render(extra, keep, depth + 1) if isinstance(extra, dict) else "unknown"
-        return f"Record<string, {value}>"
+        if not isinstance(extra, dict) or not extra:
+            return _OPEN
+        return f"Record<string, {_render(extra, keep, depth + 1)}>"
     if keep <= 0:
         return _FOLDED
     required = _required(node)
@@ -378,8 +391,12 @@ def _render_array(node: JsonSchema, keep: int, depth: int) -> str:
 
 
 def _field(name: str, schema: Any, required: bool, keep: int, depth: int) -> str:
-    key = name if _IDENT.fullmatch(name) else json.dumps(name)
-    return f"{key}{'' if required else '?'}: {_render(schema, keep, depth)}"
+    return f"{_key(name)}{'' if required else '?'}: {_render(schema, keep, depth)}"
+
+
+def _key(name: str) -> str:
+    """An object key as TypeScript writes it: bare when it is an identifier, else quoted."""
+    return name if _IDENT.fullmatch(name) else json.dumps(name)
 
 
 def _fit_fields(node: JsonSchema, max_chars: int) -> str | None:
@@ -445,9 +462,30 @@ def _clip(text: str, max_chars: int) -> str:
     return text[: max_chars - 1] + _ELLIPSIS if max_chars > 0 else ""
 
 
-def _literal(value: Any) -> str:
-    # ASCII-only escapes keep each hint on one line whatever the schema holds (e.g. U+2028).
-    return json.dumps(value, separators=(",", ":"), default=str)
+def _literal(value: Any, depth: int = 0) -> str:
+    """A JSON value as a TypeScript literal type: ``"r"``, ``-1``, ``true``, ``null``,
+    ``{ kind: "file"; n: 1 }``, ``[1, "a"]``; bounded in depth and width (``{ … }``,
+    ``unknown[]``, ``...unknown[]``). Strings use ASCII-only escapes, so a hint stays on one line
+    whatever the schema holds (e.g. U+2028)."""
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        if depth >= _MAX_LITERAL_DEPTH:
+            return _FOLDED
+        fields = [f"{_key(str(k))}: {_literal(v, depth + 1)}" for k, v in list(value.items())[:_MAX_LITERAL_ITEMS]]
+        return "{ " + "; ".join(fields + ([_ELLIPSIS] if len(value) > _MAX_LITERAL_ITEMS else [])) + " }"
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return "[]"
+        if depth >= _MAX_LITERAL_DEPTH:
+            return "unknown[]"
+        items = [_literal(v, depth + 1) for v in value[:_MAX_LITERAL_ITEMS]]
+        return "[" + ", ".join(items + (["...unknown[]"] if len(value) > _MAX_LITERAL_ITEMS else [])) + "]"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "number"  # not JSON, and no TypeScript literal type
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return json.dumps(value)
+    return json.dumps(str(value))  # a Python default msgspec let through (an Enum member...)
 
 
 def _closed(node: Any, depth: int) -> bool:

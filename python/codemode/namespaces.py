@@ -75,10 +75,14 @@ def namespace_tool(tool_name: str, input_mapper: Callable[[list[Any]], Any] | No
 
 
 class ScopeContext(msgspec.Struct, frozen=True, kw_only=True):
-    """What ``create_scope`` learns about the run it builds a scope for."""
+    """What ``create_scope`` learns about the run it builds a scope for: its session, its agent
+    run (None when the session has none) and its run id (the ``runId`` a ``waiting`` result
+    gives, so a plugin can key per-run state). The probe at registration has empty ids."""
 
     session_id: str
     plugin_id: str
+    agent_run: str | None = None
+    run_id: str = ""
     config: Mapping[str, Any] = msgspec.field(default_factory=dict)
 
 
@@ -168,6 +172,12 @@ class Namespaces:
             prompt=bounded_text(registration.prompt, MAX_DESCRIPTION_CHARS) if registration.prompt else None,
         )
         with self._lock:
+            held = self._items.get(registration.id)
+            if held is not None and held.plugin_id != plugin_id:
+                # Only its own plugin may replace a namespace (e.g. on reload), never another.
+                raise ToolDefinitionError(
+                    f"namespace id {registration.id!r} is already registered by plugin {held.plugin_id!r}"
+                )
             for other in self._items.values():
                 if other.registration.global_name == name and other.registration.id != registration.id:
                     raise ToolDefinitionError(f"namespace globalName {name!r} is taken by {other.registration.id!r}")
@@ -207,13 +217,17 @@ class Namespaces:
             out.append(f"- {reg.global_name}: {reg.description}" + (f" {reg.prompt}" if reg.prompt else ""))
         return out
 
-    def build(self, tools: Mapping[str, Any], session_id: str) -> tuple[list[dict[str, Any]], CallTable]:
+    def build(
+        self, tools: Mapping[str, Any], *, session_id: str, agent_run: str | None, run_id: str
+    ) -> tuple[list[dict[str, Any]], CallTable]:
         """The run's namespace descriptors (for the engine) and its call table."""
         descriptors: list[dict[str, Any]] = []
         table: CallTable = {}
         for item in self.visible(tools):
             reg = item.registration
-            ctx = ScopeContext(session_id=session_id, plugin_id=item.plugin_id, config=reg.config)
+            ctx = ScopeContext(
+                session_id=session_id, plugin_id=item.plugin_id, agent_run=agent_run, run_id=run_id, config=reg.config
+            )
             markers: dict[str, NamespaceTool] = {}
             try:
                 scope = _serialize(reg.create_scope(ctx), "", reg.required_tool_names, markers, [])

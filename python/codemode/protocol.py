@@ -21,6 +21,8 @@ from .errors import ProtocolError
 
 __all__ = [
     "MAX_FRAME_BYTES",
+    "Call",
+    "CallMethod",
     "ClockRun",
     "Configure",
     "Drop",
@@ -122,6 +124,12 @@ Status = Literal["completed", "failed", "pending"]
 FailureCode = Literal["invalid_input", "timeout", "output_limit_exceeded", "memory_limit_exceeded", "internal_error"]
 #: Output kinds: 0 text, 1 JSON, 2 log, 3 info, 4 warn, 5 error, 6 image (``mime;base64``).
 OutputKind = Literal[0, 1, 2, 3, 4, 5, 6]
+#: The guest API that started a call: ``CallMethod`` in engine.rs (``_engine.CALL_METHODS``,
+#: pinned equal by a test), so a frame naming any other is refused.
+CallMethod = Literal["callValue", "call", "namespace", "mcp", "yield_control"]
+#: A call as a report carries it: ``(call_id, tool, input, method)``; a replay's report has the
+#: input's `input_hash` in place of the input.
+Call = tuple[int, str, str, CallMethod]
 
 
 class Report(msgspec.Struct, tag="report", array_like=True):
@@ -133,7 +141,7 @@ class Report(msgspec.Struct, tag="report", array_like=True):
     value: str | None
     failure: tuple[FailureCode | None, str, str, str] | None
     outputs: list[tuple[OutputKind, str]]
-    calls: list[tuple[int, str, str]]
+    calls: list[Call]
     clock_reads: list[ClockRun]
     in_flight: int
     memory_bytes: int

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from .protocol import ClockRun, EngineLimits, utf8_len
+from .protocol import CallMethod, ClockRun, EngineLimits, utf8_len
 
 if TYPE_CHECKING:
     from .protocol import Configure
@@ -38,6 +38,7 @@ __all__ = [
     "Scope",
     "Step",
     "journal_size",
+    "new_run_id",
 ]
 
 #: Suspended runs one ``CodeMode`` keeps at once (the spec's per-process bound).
@@ -56,6 +57,11 @@ TOO_MANY_IN_SESSION = "too many suspended code mode runs in this session (maxSus
 Scope = tuple[str, str | None]
 
 
+def new_run_id() -> str:
+    """A run's id: unguessable, as a ``runId`` is all a ``wait`` needs besides its session."""
+    return "run_" + secrets.token_urlsafe(12)
+
+
 def journal_size(journal: Journal) -> int:
     """The bytes a journal holds that grow with what the run does (payloads and open inputs)."""
     payloads = sum(utf8_len(payload) for batch in journal.batches for _, _, payload in batch)
@@ -63,11 +69,13 @@ def journal_size(journal: Journal) -> int:
 
 
 class JournalCall(msgspec.Struct, array_like=True, frozen=True):
-    """A tool call the guest made: its engine call id, tool id and the hash of its input."""
+    """A tool call the guest made: its engine call id, tool id (as the guest gave it), the
+    hash of its input, and the guest API it came from."""
 
     id: int
     tool: str
     input_hash: str
+    method: CallMethod
 
 
 class Journal(msgspec.Struct, kw_only=True):
@@ -176,9 +184,10 @@ class Run:
         "yields",
     )
 
-    def __init__(self, scope: Scope, journal: Journal, dispatcher: Dispatcher) -> None:
-        #: Given when the run is first suspended (most runs never are).
-        self.run_id = ""
+    def __init__(self, scope: Scope, journal: Journal, dispatcher: Dispatcher, run_id: str) -> None:
+        #: Known from the start (a namespace scope is built with it); a `wait` needs it only
+        #: once the run is suspended.
+        self.run_id = run_id
         self.scope = scope
         self.journal = journal
         #: What the journal holds for the host (results, and a restart-safe run's open inputs),
@@ -238,16 +247,18 @@ class Run:
         if size <= limit:
             return None
         return (
-            f"code mode snapshot of {size} bytes (runtime {self.memory_bytes}, journal {self.journal_bytes}) "
-            f"exceeds maxSnapshotBytes ({limit})."
+            f"code mode snapshot limit exceeded: {size} bytes (runtime {self.memory_bytes}, journal "
+            f"{self.journal_bytes}) over maxSnapshotBytes ({limit})."
         )
 
     def pending_calls(self) -> list[dict[str, Any]]:
-        """The spec's ``pendingToolCalls``: calls made and not yet settled, oldest first."""
+        """The spec's ``pendingToolCalls``: calls made and not yet settled, oldest first, each
+        with the tool it resolved to and the bridge method that started it (``callValue``,
+        ``call``, ``namespace``, ``mcp``)."""
         settled = self.journal.settled_ids()
         resolved = self.dispatcher.resolved
         return [
-            {"id": f"call_{c.id}", "toolId": resolved.get(c.id, c.tool)}
+            {"id": f"call_{c.id}", "toolId": resolved.get(c.id, c.tool), "method": c.method}
             for c in self.journal.calls
             if c.id not in settled and c.id not in self.yields
         ]
@@ -294,8 +305,6 @@ class RunTable:
                 session_id = run.scope[0]
                 if sum(r.scope[0] == session_id for r in self._runs.values()) >= self._per_session:
                     return TOO_MANY_IN_SESSION.format(limit=self._per_session)
-            if not run.run_id:
-                run.run_id = "run_" + secrets.token_urlsafe(12)
             run.expires_at = time.monotonic() + self._ttl
             self._runs[run.run_id] = run
             return None
@@ -327,8 +336,6 @@ class RunTable:
             return run
 
     def remove(self, run: Run) -> None:
-        if not run.run_id:
-            return
         with self._lock:
             if self._runs.get(run.run_id) is run:
                 del self._runs[run.run_id]

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import msgspec
 
-from . import _engine, semantic
+from . import _engine, catalog, semantic
 from ._engine import Catalog
 from .catalog import quick_index
 from .config import BOUNDS, CodeModeConfig, load_config
@@ -77,11 +77,14 @@ MCP_DISABLED = 'disabled in its config ("disabled": true); not started'
 
 EXEC_PREAMBLE = """Run a JavaScript or TypeScript cell (an async function body: top-level await and return) \
 against the hidden tool catalog. In the cell: `await tools.search(query, {limit})` -> compact entries; \
-`await tools.describe(id)` -> full schemas; `await tools.callValue(id, input)` -> the tool's value; \
-`tools.<name>(input)` for unambiguous names; `ALL_TOOLS`; `text(v)`, `json(v)`, `console.log` for output; \
-`await yield_control(reason)` to hand control back. Return one compact JSON value. If the result says \
-`waiting`, call `wait` with its runId. An arrow `-> ?` means the output shape is unknown: return the raw \
-value first instead of guessing field names.
+`await tools.describe(id)` -> full schemas; `await tools.callValue(id, input)` -> the tool's value (an exact \
+id, or an unambiguous tool name); `tools.<name>(input)` for unambiguous names; `ALL_TOOLS`; `text(v)`, \
+`json(v)`, `console.log` for output; `await yield_control(reason)` to hand control back. MCP tools are \
+`await MCP.<server>.<tool>({...})`: read their declarations with `await API.list("mcp")` and \
+`await API.read("mcp/<server>.d.ts")`. There is no `import`, `require`, file system, network or timer: \
+everything goes through these. Return one compact JSON value. If the result says `waiting`, call `wait` \
+with its runId. An arrow `-> ?` means the output shape is unknown: return the raw value first instead of \
+guessing field names.
 Catalog (id input -> output):"""
 
 
@@ -137,6 +140,8 @@ class Waiting(msgspec.Struct, tag="waiting", tag_field="status", omit_defaults=T
     telemetry: Telemetry
     pending_tool_calls: list[dict[str, Any]] = msgspec.field(default_factory=list)
     output: list[Output] = msgspec.field(default_factory=list)
+    #: A ``restartSafe`` run (read-only tools only): safe to replay after a restart.
+    replay_safe: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return msgspec.to_builtins(self)  # type: ignore[no-any-return]
@@ -629,6 +634,19 @@ class CodeMode:
             )
         return cached[1]
 
+    def _tool_call_refusal(self, tool_id: str) -> str | None:
+        """Why the tool-search surface's ``tool_call`` does not run ``tool_id``, or None: a
+        direct-only tool is one of the model's own tools, to call directly; any other id it
+        cannot see is unknown (hidden and absent alike), to look up with ``tool_search``."""
+        view = self.catalog()
+        if tool_id in view.tools:
+            return None
+        shown = catalog.bounded_text(tool_id, 200)
+        for tool in self._registry.all():
+            if tool.direct_only and tool.name in view.direct and tool_id in (tool.id, tool.name):
+                return f"tool {shown} is direct-only: call your `{tool.name}` tool directly, not through tool_call."
+        return f"unknown tool: {shown}. Find exact ids with tool_search (then tool_describe for the input)."
+
     def call_tool(self, session: Session, tool_id: str, args: Any) -> dict[str, Any]:
         """Calls one catalog (or direct-only) tool from the host, through the same gate as a
         nested call; returns ``{tool, result}`` or ``{tool, error}``."""
@@ -751,12 +769,17 @@ class CodeMode:
             return self._invalid(started, "exec requires a non-empty `code` string.")
         if len(code) > MAX_SOURCE_CHARS:
             return self._invalid(started, f"exec `code` is {len(code)} characters; the limit is {MAX_SOURCE_CHARS}.")
-        language = args.get("language", "javascript")
+        # `null` is how a strict-mode provider leaves an optional field out (`surfaces.EXEC_SCHEMA`).
+        language = args.get("language")
+        if language is None:
+            language = "javascript"
         if language not in ("javascript", "typescript"):
             return self._invalid(started, 'exec `language` must be "javascript" or "typescript".')
         if language not in self.config.languages:
             return self._invalid(started, f"code mode language {language} is disabled.")
-        restart_safe = args.get("restartSafe", False)
+        restart_safe = args.get("restartSafe")
+        if restart_safe is None:
+            restart_safe = False
         if not isinstance(restart_safe, bool):
             return self._invalid(started, "exec `restartSafe` must be a boolean.")
         options = _cell_options(code)
@@ -831,7 +854,7 @@ class CodeMode:
         """Something in the host failed while it drove ``run`` (a bug, or a hostile value that
         got past every check): the run ends and frees its slot, and the caller gets a failed
         result, never the exception."""
-        _log.exception("code mode: run %s failed in the host", run.run_id or "(unsuspended)")
+        _log.exception("code mode: run %s failed in the host", run.run_id)
         self._retire(run)
         message = f"code mode failed in the host: {type(error).__name__}"
         return Failed(error=message, code="internal_error", telemetry=self._telemetry(started, None))
@@ -880,7 +903,10 @@ class CodeMode:
             timeout_ms = min(max(options.timeout_ms, low), timeout_ms)
         timeout_ms = min(max(timeout_ms, min_timeout_ms), high)
         configure, view = self._configuration()
-        namespaces, namespace_calls = self._namespaces.build(view.tools, session_id)
+        run_id = new_run_id()
+        namespaces, namespace_calls = self._namespaces.build(
+            view.tools, session_id=session_id, agent_run=session.agent_run, run_id=run_id
+        )
         run_setup: dict[str, Any] = {}
         if namespaces:
             run_setup["namespaces"] = namespaces
@@ -909,7 +935,7 @@ class CodeMode:
             namespace_calls=namespace_calls,
             mcp_ops=self._mcp_op if self._mcp is not None else None,
         )
-        run = Run(scope, journal, dispatcher)
+        run = Run(scope, journal, dispatcher, run_id)
         run.store_key = (session_id, session.branch)
         dispatcher.parent = f"exec_{next(self._call_ids)}"
         if options.max_output_tokens is not None:
@@ -979,7 +1005,7 @@ class CodeMode:
                 at=Trace.now(),
                 duration_ms=telemetry.duration_ms,
                 status="waiting" if isinstance(result, Waiting) else result.__struct_config__.tag,  # type: ignore[arg-type]
-                run_id=run.run_id or None,
+                run_id=run.run_id,
             )
         )
         return result
@@ -1002,6 +1028,7 @@ class CodeMode:
                 telemetry=telemetry,
                 pending_tool_calls=run.pending_calls(),
                 output=output,
+                replay_safe=run.journal.restart_safe,
             )
             return waiting
         self._retire(run)
@@ -1096,7 +1123,8 @@ class CodeMode:
         if problem is not None:
             raise CodemodeError(f"refused journal: {problem}")
         journal.limits = configure.limits
-        _, namespace_calls = self._namespaces.build(view.tools, session_id)
+        run_id = new_run_id()
+        _, namespace_calls = self._namespaces.build(view.tools, session_id=session_id, agent_run=None, run_id=run_id)
         dispatcher = Dispatcher(
             view,
             self._loop.get,
@@ -1105,7 +1133,7 @@ class CodeMode:
             read_only=True,
             namespace_calls=namespace_calls,
         )
-        run = Run((session_id, None), journal, dispatcher)
+        run = Run((session_id, None), journal, dispatcher, run_id)
         run.timeout_ms = self.config.timeout_ms
         journal.session_id, journal.agent_run = session_id, None
         settled = journal.settled_ids()
@@ -1200,7 +1228,11 @@ class Session:
             found = cm._search_catalog().describe(str(args.get("id", "")))
             return msgspec.json.decode(found) if found is not None else {"error": f"unknown tool: {args.get('id')}"}
         if name == "tool_call":
-            return cm.call_tool(self, str(args.get("id", "")), args.get("args", {}))
+            tool_id = str(args.get("id", ""))
+            refused = cm._tool_call_refusal(tool_id)
+            if refused is not None:
+                return {"tool": tool_id, "error": refused}
+            return cm.call_tool(self, tool_id, args.get("args", {}))
         target = cm._direct_target(name)
         if target is not None:
             return cm.call_tool(self, target, args)

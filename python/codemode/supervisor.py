@@ -261,6 +261,11 @@ def _send_drop(lane: Lane, run: Run, out: Out) -> None:
     out.append(functools.partial(lane.worker.send, [Drop(run.engine_run)], time.monotonic() + KILL_GRACE_S))
 
 
+def _timed_out(what: str) -> str:
+    """A run's failure at its deadline, in the reference's words ("code mode timeout exceeded")."""
+    return f"code mode timeout exceeded (the {what} ran past timeoutMs)."
+
+
 def _decoded(report: Report) -> tuple[list[tuple[int, Any]], Any, Any] | str:
     """The guest JSON of a report, decoded (a ``ProtocolError`` if it is not JSON), outside the
     lock: outputs, the value, the store writes; or why it is too heavy to decode (the run
@@ -270,7 +275,7 @@ def _decoded(report: Report) -> tuple[list[tuple[int, Any]], Any, Any] | str:
     for text in texts:
         heavy = too_heavy(text)
         if heavy is not None:
-            return f"code mode result is too heavy for the host: {heavy}."
+            return f"code mode output limit exceeded: the result is too heavy for the host: {heavy}."
     outputs: list[tuple[int, Any]] = [
         (kind, decode_guest_json(text) if kind == 1 else text) for kind, text in report.outputs
     ]
@@ -778,8 +783,8 @@ class Supervisor:
             return
         run.phase = Phase.PARKED
         calls = []
-        for call_id, tool, data in report.calls:
-            journal.calls.append(JournalCall(call_id, tool, input_hash(data)))
+        for call_id, tool, data, method in report.calls:
+            journal.calls.append(JournalCall(call_id, tool, input_hash(data), method))
             if tool == YIELD_TOOL:
                 run.yields.append(call_id)
                 continue
@@ -822,8 +827,8 @@ class Supervisor:
 
     def _replayed(self, lane: Lane, run: Run, report: Report, inflight: Inflight, out: Out) -> None:
         journal, step = run.journal, run.step
-        expected = [(c.id, c.tool, c.input_hash) for c in journal.calls]
-        got = [(call_id, tool, hashed) for call_id, tool, hashed in report.calls]
+        expected = [(c.id, c.tool, c.input_hash, c.method) for c in journal.calls]
+        got = list(report.calls)
         if report.status != "pending" or got != expected:
             if report.status == "pending":
                 _send_drop(lane, run, out)
@@ -1115,7 +1120,7 @@ class Supervisor:
                     # past its time as if in one long drive (the kill would have ended that).
                     _send_drop(lane, run, out)
                     self._forget(run)
-                    failure = _failed("timeout", "TimeoutError", "code mode cell timed out.")
+                    failure = _failed("timeout", "TimeoutError", _timed_out("cell"))
                     self._end(run, "failed", out, failure=failure)
                     return None
             else:
@@ -1286,7 +1291,7 @@ class Supervisor:
         step = run.step
         if timed_out:
             what = "replay" if inflight.kind == "replay" else "cell"
-            self._end(run, "failed", out, failure=_failed("timeout", "TimeoutError", f"code mode {what} timed out."))
+            self._end(run, "failed", out, failure=_failed("timeout", "TimeoutError", _timed_out(what)))
             return
         if isinstance(error, WorkerCrashed) and run.placements < MAX_PLACEMENTS:
             # Dead under the frame, maybe before it read it (killed from outside, while idle: a
@@ -1383,7 +1388,7 @@ class Supervisor:
             return "parked"
 
 
-def _divergence(expected: list[tuple[int, str, str]], got: list[tuple[int, str, str]], status: str) -> str:
+def _divergence(expected: list[protocol.Call], got: list[protocol.Call], status: str) -> str:
     for i, (want, have) in enumerate(zip(expected, got, strict=False)):
         if want != have:
             return f"call {i + 1} was {have[1]} (input {have[2][:8]}), the journal has {want[1]} (input {want[2][:8]})"

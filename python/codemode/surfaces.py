@@ -6,7 +6,8 @@
     directory         the same three, with a bounded directory of names and descriptions
     direct            every tool as its own definition (what code mode replaces)
 
-Schemas are provider-safe: flat string enums, never `oneOf`/`anyOf`. Code mode fails closed: if
+Schemas are provider-safe: flat string enums, never `oneOf`/`anyOf`; the code surface's are
+valid in OpenAI strict mode (optional fields are nullable). Code mode fails closed: if
 the engine cannot run, `exec` answers `runtime_unavailable`; the surface never silently widens to
 the direct tools.
 """
@@ -17,7 +18,7 @@ from typing import Any, Literal
 
 import msgspec
 
-__all__ = ["SURFACES", "ModelTool", "Surface", "to_anthropic", "to_openai"]
+__all__ = ["SURFACES", "ModelTool", "Surface", "strict_problem", "to_anthropic", "to_openai"]
 
 Surface = Literal["code", "tool_search_code", "tool_search", "directory", "direct"]
 SURFACES: tuple[Surface, ...] = ("code", "tool_search_code", "tool_search", "directory", "direct")
@@ -31,16 +32,25 @@ class ModelTool(msgspec.Struct, frozen=True):
     input_schema: dict[str, Any]
 
 
+#: OpenAI strict mode's shape (every property required, none beside them) with the optional
+#: ones nullable: a strict provider sends ``null`` for "not given", which `exec` reads as the
+#: default. ``command``, the spec's alias for hooks and trusted rewrites, is accepted by `exec`
+#: and never advertised to the model.
 EXEC_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
         "code": {"type": "string", "description": "The cell: an async function body (await and return allowed)."},
-        "command": {"type": "string", "description": "Alias of `code`; must match it when both are given."},
-        "language": {"type": "string", "enum": ["javascript", "typescript"], "description": "Default javascript."},
-        "restartSafe": {"type": "boolean", "description": "Only read-only tools; the run may be replayed."},
+        "language": {
+            "type": ["string", "null"],
+            "enum": ["javascript", "typescript", None],
+            "description": "null means javascript.",
+        },
+        "restartSafe": {
+            "type": ["boolean", "null"],
+            "description": "true: only read-only tools, and the run may be replayed after a restart. null means false.",
+        },
     },
-    # `code` or `command`, one of them non-empty (the spec): checked by `exec`, not the schema,
-    # so that a provider validating arguments lets `command` alone through.
+    "required": ["code", "language", "restartSafe"],
     "additionalProperties": False,
 }
 WAIT_SCHEMA: dict[str, Any] = {
@@ -123,12 +133,61 @@ def directory_listing(entries: list[tuple[str, str]], max_chars: int = DIRECTORY
     return "\n".join(lines)
 
 
+#: The JSON types OpenAI strict mode knows.
+_STRICT_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
+
+
+def strict_problem(schema: Any, path: str = "$") -> str | None:
+    """Why ``schema`` is not valid in OpenAI strict mode (structured outputs), or None.
+
+    The documented rules: the root is an object; every object lists all its properties in
+    ``required`` and sets ``additionalProperties: false`` (an optional field is a nullable
+    one); types are JSON's; an ``enum``'s values have one of the declared types. Nested
+    ``properties``, ``items``, ``anyOf`` and ``$defs`` follow the same rules.
+    """
+    if not isinstance(schema, dict):
+        return f"{path}: not a schema object"
+    if path == "$" and schema.get("type") != "object":
+        return "$: the root must be an object"
+    declared = schema.get("type")
+    types = declared if isinstance(declared, list) else [declared] if declared is not None else []
+    if not types and "anyOf" not in schema and "$ref" not in schema:
+        return f"{path}: no type"
+    if any(t not in _STRICT_TYPES for t in types):
+        return f"{path}: unknown type {declared!r}"
+    json_type = {str: "string", bool: "boolean", int: "integer", float: "number", type(None): "null"}
+    for value in schema.get("enum", ()):
+        kind = json_type.get(type(value))
+        if kind not in types and not (kind == "integer" and "number" in types):
+            return f"{path}: enum value {value!r} is not of type {declared!r}"
+    if "object" in types:
+        properties = schema.get("properties", {})
+        if schema.get("additionalProperties") is not False:
+            return f"{path}: additionalProperties must be false"
+        if sorted(schema.get("required", [])) != sorted(properties):
+            return f"{path}: every property must be required (make an optional one nullable)"
+        for name, sub in properties.items():
+            if (problem := strict_problem(sub, f"{path}.{name}")) is not None:
+                return problem
+    nested = [("[]", schema["items"])] if "items" in schema else []
+    nested += [(f".anyOf[{i}]", sub) for i, sub in enumerate(schema.get("anyOf", []))]
+    nested += [(f".$defs.{name}", sub) for name, sub in schema.get("$defs", {}).items()]
+    for suffix, sub in nested:
+        if (problem := strict_problem(sub, path + suffix)) is not None:
+            return problem
+    return None
+
+
 def to_openai(tools: list[ModelTool]) -> list[dict[str, Any]]:
-    """The OpenAI (Chat Completions / Responses) function-tool format."""
-    return [
-        {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.input_schema}}
-        for t in tools
-    ]
+    """The OpenAI (Chat Completions / Responses) function-tool format; a tool whose schema is
+    valid in strict mode (`strict_problem`) asks for it."""
+    out = []
+    for t in tools:
+        function: dict[str, Any] = {"name": t.name, "description": t.description, "parameters": t.input_schema}
+        if strict_problem(t.input_schema) is None:
+            function["strict"] = True
+        out.append({"type": "function", "function": function})
+    return out
 
 
 def to_anthropic(tools: list[ModelTool]) -> list[dict[str, Any]]:

@@ -206,8 +206,9 @@ def _bounded_schema(name: str, kind: str, schema: dict[str, Any] | None, trusted
     return bounded
 
 
-class CatalogView(msgspec.Struct, frozen=True):
-    """The tools one run may see and call (policy applied, direct-only tools left out)."""
+class CatalogView(msgspec.Struct, frozen=True, dict=True):
+    """The tools one run may see and call (policy applied, direct-only tools left out).
+    (``dict``: room for the lookups below, built on first use, once per view.)"""
 
     tools: dict[str, Tool]
     catalog_json: str
@@ -221,6 +222,47 @@ class CatalogView(msgspec.Struct, frozen=True):
     #: The ``resources``/``prompts`` requests the policy permits, per server of ``mcp_servers``
     #: (``resources.list``...; policy names them `mcp_api.op_id`).
     mcp_ops: dict[str, frozenset[str]] = {}
+
+    @functools.cached_property
+    def by_name(self) -> dict[str, list[str]]:
+        """Catalog ids per tool name, MCP tools aside (a cell reaches those through ``MCP``):
+        ``tools.callValue`` takes a name with one id as that id."""
+        out: dict[str, list[str]] = {}
+        for tool in self.tools.values():
+            if tool.source != "mcp":
+                out.setdefault(tool.name, []).append(tool.id)
+        return out
+
+    @functools.cached_property
+    def index(self) -> _engine.Catalog:
+        """The search the guest runs (the same entries, MCP aside), for the names an unknown
+        id's error suggests."""
+        return _engine.Catalog(self.catalog_json)
+
+
+#: Names an unknown tool's error suggests, and the characters of the id it searches with.
+_SUGGESTIONS = 3
+_SUGGEST_QUERY_CHARS = 200
+
+
+def unknown_tool(view: CatalogView, tool_id: str) -> str:
+    """What a cell's call of a tool its run cannot see is told: the closest names it can call
+    (a hidden or denied tool answers as an absent one: the suggestions come from the visible
+    catalog alone) and where to look for others."""
+    # The name part of an id (`host:core:get_wether`): its source and owner would only add noise.
+    query = tool_id.rsplit(":", 1)[-1][:_SUGGEST_QUERY_CHARS]
+    hits = msgspec.json.decode(view.index.search(query, _SUGGESTIONS)) if view.by_name else []
+    names = [h["name"] if len(view.by_name.get(h["name"], ())) == 1 else h["id"] for h in hits]
+    hint = f" Did you mean: {', '.join(names)}?" if names else ""
+    return (
+        f"unknown tool: {catalog.bounded_text(tool_id, _SUGGEST_QUERY_CHARS)}.{hint} "
+        "Find tools with `await tools.search(query)`; call one by its exact id or unambiguous name."
+    )
+
+
+def _ambiguous(name: str, ids: list[str]) -> str:
+    """A tool name that several visible tools share: call one of them by its id."""
+    return f"tool name {name} is ambiguous: call one of {', '.join(ids)} by its id."
 
 
 _SOURCE_RANK = {"host": 0, "mcp": 1, "client": 2}
@@ -697,9 +739,17 @@ class Dispatcher:
                 return self._answer(call_id, None, _error_message("namespace", e))
             resolved = tool_id
         tool = self.view.tools.get(tool_id)
+        if tool is None and not via_mcp:
+            # `tools.callValue("get_weather")`: an exact tool name stands for its one id.
+            ids = self.view.by_name.get(tool_id, [])
+            if len(ids) > 1:
+                return self._answer(call_id, None, _ambiguous(tool_id, ids))
+            if ids:
+                tool_id = resolved = ids[0]
+                tool = self.view.tools[tool_id]
         if tool is None or (tool.source == "mcp") != via_mcp:
             # Hidden, denied and absent tools answer alike: a guessed id learns nothing.
-            return self._answer(call_id, resolved, f"unknown tool: {tool_id}")
+            return self._answer(call_id, resolved, unknown_tool(self.view, tool_id))
         if self._read_only and not tool.read_only:
             message = f"tool {tool_id} is not read-only: a restartSafe run may only call read-only tools"
             return self._answer(call_id, resolved, message)

@@ -195,14 +195,19 @@ ok(
 ok("tojson_calls_exit", "escape", "return {toJSON() { exit(); return 1 }}", None)
 fail("getter_throws_on_return", "escape", "return {get a() { throw new Error('getter boom') }}", None, "getter boom")
 fail(
-    "getter_loops_on_return", "escape", "return {get a() { for (;;) {} }}", "timeout", "timed out", config=FAST_TIMEOUT
+    "getter_loops_on_return",
+    "escape",
+    "return {get a() { for (;;) {} }}",
+    "timeout",
+    "timeout exceeded",
+    config=FAST_TIMEOUT,
 )
 fail(
     "getter_loops_on_tool_input",
     "escape",
     "return await tools.echo({value: {get a() { for (;;) {} }}})",
     "timeout",
-    "timed out",
+    "timeout exceeded",
     config=FAST_TIMEOUT,
     tools=("echo",),
 )
@@ -289,11 +294,21 @@ ok(
     "return Object.getOwnPropertySymbols(globalThis).map(String)",
     ["Symbol(Symbol.toStringTag)"],
 )
+# A cell runs as sloppy-mode code, as a JavaScript engine runs a script: `caller` gives nothing
+# (QuickJS never hands out a caller) and `arguments.callee` is the function itself. In strict
+# mode both are refused.
 ok(
     "function_caller_arguments",
     "escape",
-    "function f() { try { return [typeof f.caller, typeof arguments.callee] } catch (e) { return String(e) } }"
+    "function f() { try { return [typeof f.caller, arguments.callee === f] } catch (e) { return String(e) } }"
     " return f()",
+    ["undefined", True],
+)
+ok(
+    "function_caller_arguments_strict",
+    "escape",
+    "'use strict'; function f() { try { return [typeof f.caller, typeof arguments.callee] } catch (e) {"
+    " return String(e) } } return f()",
     "TypeError: invalid property access",
 )
 ok(
@@ -311,10 +326,18 @@ ok(
 fail(
     "prepare_stack_trace_hook",
     "escape",
-    "Error.prepareStackTrace = (e, s) => s.map(f => f.getThis && f.getThis()); try { null.x } catch (e) {"
-    " return typeof e.stack }",
+    "'use strict'; Error.prepareStackTrace = (e, s) => s.map(f => f.getThis && f.getThis()); try { null.x }"
+    " catch (e) { return typeof e.stack }",
     None,
     "'prepareStackTrace' is read-only",
+)
+# Sloppy mode: the assignment is ignored (not refused), and the hook is not there.
+ok(
+    "prepare_stack_trace_hook_sloppy",
+    "escape",
+    "Error.prepareStackTrace = (e, s) => s.map(f => f.getThis && f.getThis()); try { null.x } catch (e) {"
+    " return [Error.prepareStackTrace, typeof e.stack] }",
+    [None, "string"],
 )
 # CallSite.getFunction() hands out every function on the stack, including the prelude's own closures
 # (toJson, display, runCell, storeKey, ...). None of them is a host hook; this cell checks that no
@@ -322,8 +345,9 @@ fail(
 fail(
     "prepare_stack_trace_getfunction_no_host_hook",
     "escape",
-    "const fns = new Set(); Error.prepareStackTrace = (e, s) => { for (const f of s) { const fn = f.getFunction"
-    " && f.getFunction(); if (fn) fns.add(fn) } return 'x' }; const grab = () => { new Error().stack };"
+    "'use strict'; const fns = new Set(); Error.prepareStackTrace = (e, s) => { for (const f of s) {"
+    " const fn = f.getFunction && f.getFunction(); if (fn) fns.add(fn) } return 'x' };"
+    " const grab = () => { new Error().stack };"
     " const evil = {toJSON() { grab(); return 1 }, toString() { grab(); return 'k' }, valueOf() { grab(); return 1 }};"
     " try { await tools.echo({value: evil}) } catch (e) {}"
     " try { text(evil); json(evil); console.log(evil) } catch (e) {}"
@@ -483,13 +507,13 @@ for fn, call in {
     elif fn == "fill":
         fail(f"builtin_{fn}_huge_array_like", "exhaustion", call, "memory_limit_exceeded", **KILL)
     else:
-        fail(f"builtin_{fn}_huge_array_like", "exhaustion", call, "timeout", "timed out", **KILL)
+        fail(f"builtin_{fn}_huge_array_like", "exhaustion", call, "timeout", "timeout exceeded", **KILL)
 fail(
     "regex_catastrophic_backtracking",
     "exhaustion",
     "return /(a+)+$/.test('a'.repeat(30) + 'b')",
     "timeout",
-    "timed out",
+    "timeout exceeded",
     **KILL,
 )
 fail(
@@ -497,7 +521,7 @@ fail(
     "exhaustion",
     "return ('x'.repeat(28) + '!').replace(/^(x|x)*$/, 'y')",
     "timeout",
-    "timed out",
+    "timeout exceeded",
     **KILL,
 )
 fail(
@@ -507,7 +531,7 @@ fail(
     "timeout",
     **KILL,
 )
-fail("loop_plain", "exhaustion", "for (;;) {}", "timeout", "timed out", config=FAST_TIMEOUT)
+fail("loop_plain", "exhaustion", "for (;;) {}", "timeout", "timeout exceeded", config=FAST_TIMEOUT)
 fail(
     "loop_in_catch_retry", "exhaustion", "for (;;) { try { for (;;) {} } catch (e) {} }", "timeout", config=FAST_TIMEOUT
 )
@@ -864,7 +888,7 @@ ok(
 ok(
     "unknown_tool_id",
     "protocol",
-    "try { await tools.callValue('host:core:nope', {}) } catch (e) { return String(e) }",
+    "try { await tools.callValue('host:core:nope', {}) } catch (e) { return String(e).split('. ')[0] }",
     "Error: unknown tool: host:core:nope",
 )
 ok(
@@ -1013,13 +1037,13 @@ ok("spec_tools_exec_typeof", "spec", "return [typeof tools.exec, typeof tools.wa
 ok(
     "spec_callvalue_exec",
     "spec",
-    "try { await tools.callValue('exec', {code: 'return 1'}) } catch (e) { return String(e) }",
+    "try { await tools.callValue('exec', {code: 'return 1'}) } catch (e) { return String(e).split('. ')[0] }",
     "Error: unknown tool: exec",
 )
 ok(
     "spec_callvalue_wait",
     "spec",
-    "try { await tools.callValue('wait', {runId: 'x'}) } catch (e) { return String(e) }",
+    "try { await tools.callValue('wait', {runId: 'x'}) } catch (e) { return String(e).split('. ')[0] }",
     "Error: unknown tool: wait",
 )
 ok("spec_globals_exec_wait", "spec", "return [typeof exec, typeof wait]", ["undefined", "undefined"])
@@ -1127,8 +1151,10 @@ ok(
 ok("spec_options_line_huge_timeout", "spec", '// @options: {"timeout_ms": 99999999}\nreturn 1', 1)
 fail("spec_options_line_garbage", "spec", "// @options: {not json\nreturn 1", "invalid_input", "pragma")
 fail("spec_syntax_error", "spec", "return (", "invalid_input")
-fail("spec_with_statement", "spec", "with ({}) {}", "invalid_input")
-fail("spec_html_comment", "spec", "<!-- x\nreturn 1", "invalid_input")
+# Sloppy-mode syntax runs as a JavaScript engine runs a script; strict mode is the cell's to ask for.
+ok("spec_with_statement", "spec", "with ({a: 1}) { return a }", 1)
+fail("spec_with_statement_strict", "spec", "'use strict'; with ({}) {}", "invalid_input")
+ok("spec_html_comment", "spec", "<!-- x\nreturn 1", 1)
 ok("spec_top_level_await_for", "spec", "let s = 0; for await (const x of [1, 2]) s += x; return s", 3)
 fail("spec_throw_non_error", "spec", "throw {toString() { throw new Error('x') }}", None, "Error: {}")
 fail("spec_throw_huge_message", "spec", "throw new Error('m'.repeat(1e6))", None)

@@ -311,7 +311,8 @@ def test_a_value_of_too_many_arrays_fails_the_run_before_the_host_decodes_it(mak
         assert result["status"] == "failed", result
     else:
         assert (result["status"], result["code"]) == ("failed", "output_limit_exceeded"), result
-        assert result["error"].startswith("code mode result is too heavy for the host: a value of")
+        heavy = "code mode output limit exceeded: the result is too heavy for the host: a value of"
+        assert result["error"].startswith(heavy)
     assert cm._supervisor.worker_pids() == pids  # the worker did nothing wrong
     under = f"let a = []; for (let i = 0; i < {MAX_VALUE_CONTAINERS // 2}; i++) a.push([]); return a.length"
     assert exec_(cm.session(), under)["value"] == MAX_VALUE_CONTAINERS // 2

@@ -233,7 +233,7 @@ def tamper_calls(monkeypatch: pytest.MonkeyPatch, replacement: str = DEEP_JSON) 
 
     def change(frame: Any) -> Any:
         if isinstance(frame, Report) and any(MARK in call[2] for call in frame.calls):
-            calls = [(i, tool, text.replace(MARK, replacement)) for i, tool, text in frame.calls]
+            calls = [(i, tool, text.replace(MARK, replacement), method) for i, tool, text, method in frame.calls]
             frame = msgspec.structs.replace(frame, calls=calls)
         return frame
 

@@ -14,6 +14,10 @@ use crate::limits::Flags;
 
 /// Allocations past the limit are still granted up to this much, once the run is already
 /// doomed, so QuickJS can build the error objects that unwind it instead of failing inside.
+/// The guest may eat it before the interrupt handler is next polled (every 10,000 ticks: a
+/// thousand 1 KB strings), so once the handler has stopped it there is as much again for the
+/// uncatchable error: were that allocation refused, QuickJS would throw a catchable
+/// `out of memory` in its place, and a guest that swallows errors in a loop would never stop.
 const UNWIND_HEADROOM: usize = 1 << 20;
 
 /// Wraps rquickjs' Rust allocator with byte accounting against `Flags::memory_limit`.
@@ -37,7 +41,8 @@ impl LimitedAllocator {
             return true;
         }
         self.flags.oom.store(true, Ordering::Relaxed);
-        wanted <= limit.saturating_add(UNWIND_HEADROOM)
+        let unwinding = self.flags.unwinding.load(Ordering::Relaxed);
+        wanted <= limit.saturating_add(if unwinding { 2 * UNWIND_HEADROOM } else { UNWIND_HEADROOM })
     }
 
     fn track(&mut self, ptr: *mut u8) -> *mut u8 {

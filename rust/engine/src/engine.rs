@@ -133,7 +133,11 @@ impl Failure {
 
     fn aborted(why: Abort, limits: &Limits) -> Self {
         match why {
-            Abort::Timeout => Failure::new(ErrorCode::Timeout, "TimeoutError", "code mode cell timed out."),
+            Abort::Timeout => Failure::new(
+                ErrorCode::Timeout,
+                "TimeoutError",
+                "code mode timeout exceeded (the cell ran past timeoutMs).",
+            ),
             Abort::Memory => Failure::new(
                 ErrorCode::MemoryLimitExceeded,
                 "MemoryError",
@@ -142,12 +146,12 @@ impl Failure {
             Abort::Output => Failure::new(
                 ErrorCode::OutputLimitExceeded,
                 "OutputLimitError",
-                format!("code mode output exceeded maxOutputBytes ({} bytes).", limits.max_output_bytes),
+                format!("code mode output limit exceeded: maxOutputBytes is {} bytes.", limits.max_output_bytes),
             ),
             Abort::OutputCalls => Failure::new(
                 ErrorCode::OutputLimitExceeded,
                 "OutputLimitError",
-                format!("code mode output exceeded {MAX_OUTPUT_CALLS} text/json/console/image calls."),
+                format!("code mode output limit exceeded: more than {MAX_OUTPUT_CALLS} text/json/console/image calls."),
             ),
             Abort::Exit => Failure::new(ErrorCode::InternalError, "Error", "exit() is not a failure"),
         }
@@ -241,6 +245,47 @@ pub struct ToolCall {
     pub id: u32,
     pub tool: String,
     pub input_json: String,
+    /// The guest API that started it: only the prelude knows, so it says so with each call.
+    pub method: CallMethod,
+}
+
+/// The bridge methods a guest call can start from: the one definition of their names (the
+/// prelude passes them, the host reports them in `pendingToolCalls`, `CALL_METHODS` exports
+/// them to Python).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallMethod {
+    /// `tools.callValue(id, input)` and the `tools.<name>(input)` conveniences.
+    CallValue,
+    /// `tools.call(id, input)` (the `{tool, result}` envelope).
+    Call,
+    /// A function of a plugin namespace (`Issues.list(...)`).
+    Namespace,
+    /// `MCP.<server>.<tool>(input)` and its resources and prompts.
+    Mcp,
+    /// `yield_control(reason)`.
+    Yield,
+}
+
+impl CallMethod {
+    /// Every method, in the order `CALL_METHODS` lists them.
+    pub const ALL: [CallMethod; 5] =
+        [CallMethod::CallValue, CallMethod::Call, CallMethod::Namespace, CallMethod::Mcp, CallMethod::Yield];
+
+    /// The name the prelude passes and the host reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallMethod::CallValue => "callValue",
+            CallMethod::Call => "call",
+            CallMethod::Namespace => "namespace",
+            CallMethod::Mcp => "mcp",
+            CallMethod::Yield => "yield_control",
+        }
+    }
+
+    /// The method of a name the prelude passed; None for any other string.
+    pub fn parse(name: &str) -> Option<CallMethod> {
+        CallMethod::ALL.into_iter().find(|m| m.as_str() == name)
+    }
 }
 
 /// A tool's answer for the guest: a JSON value on success, an error message otherwise.
@@ -500,11 +545,10 @@ impl Engine {
             }
             let mut options = EvalOptions::default();
             options.global = true;
-            options.strict = true;
+            // Sloppy, as a JavaScript engine runs a script: the front end parsed the cell so.
+            options.strict = false;
             options.filename = Some("cell.js".into());
-            // The opening brace shares the cell's first line so error lines match the source.
-            let wrapped = format!("(async () => {{{body}\n}})");
-            let cell: Function = ctx.eval_with_options(wrapped, options).map_err(|e| {
+            let cell: Function = ctx.eval_with_options(frontend::wrap(&body), options).map_err(|e| {
                 let (name, message, stack) = describe(&ctx, &internals.describe_error, e);
                 Failure { code: Some(ErrorCode::InvalidInput), name, message, stack }
             })?;
@@ -782,7 +826,11 @@ fn install_prelude<'js>(
         "call",
         Function::new(
             ctx.clone(),
-            move |ctx: Ctx<'js>, tool: String, input: String| -> rquickjs::Result<Promise<'js>> {
+            move |ctx: Ctx<'js>, tool: String, input: String, method: String| -> rquickjs::Result<Promise<'js>> {
+                // The prelude is the only caller; a name it does not spell right is its bug.
+                let Some(method) = CallMethod::parse(&method) else {
+                    return Err(Exception::throw_type(&ctx, "unknown bridge method"));
+                };
                 let mut st = call_state.borrow_mut();
                 let limits = st.limits;
                 let refusal = if st.resolvers.len() >= limits.max_pending_calls {
@@ -807,7 +855,11 @@ fn install_prelude<'js>(
                 } else if json_nests_deeper_than(&input, MAX_VALUE_DEPTH) {
                     Some(range_error(&ctx, &too_deep("the tool input")))
                 } else {
-                    let cost = tool.len().saturating_add(input.len()).saturating_add(CALL_OVERHEAD);
+                    let cost = tool
+                        .len()
+                        .saturating_add(input.len())
+                        .saturating_add(method.as_str().len())
+                        .saturating_add(CALL_OVERHEAD);
                     match hold(&call_flags, &limits, cost) {
                         Ok(()) => None,
                         Err(Refusal::Report) => {
@@ -831,7 +883,7 @@ fn install_prelude<'js>(
                 st.next_call_id = st.next_call_id.wrapping_add(1);
                 let id = st.next_call_id;
                 st.resolvers.insert(id, (Persistent::save(&ctx, resolve), Persistent::save(&ctx, reject)));
-                st.new_calls.push(ToolCall { id, tool, input_json: input });
+                st.new_calls.push(ToolCall { id, tool, input_json: input, method });
                 Ok(promise)
             },
         )?,

@@ -10,8 +10,10 @@
 //! * report syntax errors with 1-based line/column positions in the user's
 //!   original source, before anything executes;
 //! * reject module access (`import`/`export` declarations, `import(...)`,
-//!   `import.meta`, calls to a bare `require(...)`) by looking at the AST, so
-//!   strings and comments that merely mention those words are not affected;
+//!   `import.meta`, and any use of `require` the parser can see: a call, a
+//!   disguised call such as `(0, require)(...)` or `globalThis.require(...)`, or
+//!   the bare name read into a variable) by looking at the AST, so strings and
+//!   comments that merely mention those words are not affected;
 //! * strip TypeScript syntax (types only, no downleveling) and hand back plain
 //!   JavaScript.
 //!
@@ -20,17 +22,24 @@
 //! re-printed by the code generator, so their runtime line numbers refer to the
 //! generated code, not to the original cell.
 //!
-//! Pitfall: cells are parsed as ES *modules* (that is what makes top-level
-//! `await` parse), and module code is strict. A few sloppy-mode-only constructs
-//! (e.g. legacy octal literals) are therefore rejected here even though a
-//! non-strict QuickJS function body would accept them.
+//! How a cell is parsed is how the engine runs it: a JavaScript cell is parsed
+//! inside the same wrapper ([`wrap`]), as a sloppy-mode *script*, so whatever
+//! a JavaScript engine accepts in `(async () => { ... })` is accepted here
+//! (`const yield = 10`, legacy octals) and top-level `await`/`return` are the
+//! function body's own. Module syntax is then a syntax error; a cell that has
+//! one is parsed once more as a module to say it is module access. A cell that
+//! closes the wrapper's body (`}); evil(); (() => {`) is refused. TypeScript
+//! cells are parsed as modules (strict, as `tsc` transpiles a module) and their
+//! output is plain strict-compatible JavaScript.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
 use oxc_allocator::Allocator;
 use oxc_ast::ast::{
-    CallExpression, Expression, ImportExpression, ImportMeta, Program, TSImportEqualsDeclaration, TSModuleReference,
+    CallExpression, ComputedMemberExpression, Expression, IdentifierReference, ImportExpression, ImportMeta,
+    ModuleDeclaration, Program, Statement, StaticMemberExpression, TSImportEqualsDeclaration, TSModuleReference,
+    UnaryExpression,
 };
 use oxc_ast_visit::{walk, Visit};
 use oxc_codegen::Codegen;
@@ -63,6 +72,21 @@ pub enum Language {
     TypeScript,
 }
 
+/// What the engine evaluates a cell in: the body of an async arrow (top-level `await` and
+/// `return` are its own). The opening brace shares the cell's first line, so line numbers
+/// match the source; columns on that line are off by the prefix.
+const CELL_PREFIX: &str = "(async () => {";
+const CELL_SUFFIX: &str = "\n})";
+
+/// The script the engine evaluates for a prepared cell body.
+pub fn wrap(body: &str) -> String {
+    let mut out = String::with_capacity(CELL_PREFIX.len() + body.len() + CELL_SUFFIX.len());
+    out.push_str(CELL_PREFIX);
+    out.push_str(body);
+    out.push_str(CELL_SUFFIX);
+    out
+}
+
 /// One problem found in a cell.
 ///
 /// `line` and `column` are 1-based and refer to the ORIGINAL cell source;
@@ -82,7 +106,7 @@ pub struct Diagnostic {
 pub enum FrontendError {
     /// parse / transform failure; at least one diagnostic
     Syntax(Vec<Diagnostic>),
-    /// import / export declarations, dynamic import(), import.meta, or a call `require(...)`
+    /// import / export declarations, dynamic import(), import.meta, or a use of `require`
     ModuleAccess(Diagnostic),
     /// The cell nests deeper than [`MAX_NESTING`] levels.
     TooDeep,
@@ -131,8 +155,8 @@ impl std::error::Error for FrontendError {}
 
 /// Parse and check a cell; return JavaScript source to evaluate as an async function body.
 ///
-/// * JavaScript: parse + AST checks only (no semantic analysis, no codegen); on
-///   success the input string is returned unchanged.
+/// * JavaScript: parse (as the engine runs it, see [`wrap`]) + AST checks only (no
+///   semantic analysis, no codegen); on success the input string is returned unchanged.
 /// * TypeScript: additionally runs semantic analysis, the TypeScript
 ///   transform (type stripping, `enum`/`namespace`/parameter properties
 ///   lowered, nothing else downleveled) and codegen.
@@ -182,8 +206,52 @@ fn prepare_inner(source: &str, language: Language, depth_budget: usize) -> Optio
     // A fresh arena per call: allocating it is cheap (chunks are created
     // lazily) and avoids sharing mutable state across threads.
     let allocator = Allocator::default();
+    match language {
+        Language::JavaScript => check_script(&allocator, source, depth_budget),
+        Language::TypeScript => {
+            let parsed = parse_module(&allocator, source, language);
+            if let Err(e) = check_parse(source, &parsed, 0) {
+                return Some(Err(e));
+            }
+            let ParserReturn { mut program, .. } = parsed;
+            if let Err(e) = check_module_access(source, &program, 0, depth_budget)? {
+                return Some(Err(e));
+            }
+            Some(strip_types(&allocator, source, &mut program))
+        }
+    }
+}
+
+/// A JavaScript cell, parsed inside the wrapper the engine runs it in (a sloppy script).
+fn check_script(allocator: &Allocator, source: &str, depth_budget: usize) -> Option<Result<String, FrontendError>> {
+    let wrapped = wrap(source);
+    let shift = CELL_PREFIX.len();
+    let parsed = Parser::new(allocator, &wrapped, SourceType::script()).parse();
+    if let Err(syntax) = check_parse(source, &parsed, shift) {
+        // Module syntax does not parse in a script: say what it is, if that is what failed.
+        let module = parse_module(allocator, source, Language::JavaScript);
+        if check_parse(source, &module, 0).is_ok() {
+            if let Err(access) = check_module_access(source, &module.program, 0, depth_budget)? {
+                return Some(Err(access));
+            }
+        }
+        return Some(Err(syntax));
+    }
+    if let Some(offset) = wrapper_escape(&parsed.program, wrapped.len()) {
+        let (line, column) = line_col(source, offset.saturating_sub(to_u32(shift)));
+        let message = "Unexpected '}': a cell is a function body and cannot close it".to_string();
+        return Some(Err(FrontendError::Syntax(vec![Diagnostic { message, line, column }])));
+    }
+    if let Err(e) = check_module_access(source, &parsed.program, shift, depth_budget)? {
+        return Some(Err(e));
+    }
+    Some(Ok(source.to_string()))
+}
+
+/// The cell parsed as an ES module (TypeScript cells; JavaScript ones only to name module
+/// syntax). Module code is strict; top-level `return` is allowed (the cell is a body).
+fn parse_module<'a>(allocator: &'a Allocator, source: &'a str, language: Language) -> ParserReturn<'a> {
     let source_type = match language {
-        // Module goal: top-level `await` only parses in modules.
         Language::JavaScript => SourceType::mjs(),
         // `SourceType::ts()` is *unambiguous* (script unless it sees ESM
         // syntax), which would reject top-level await; force module.
@@ -196,34 +264,56 @@ fn prepare_inner(source: &str, language: Language, depth_budget: usize) -> Optio
         enable_ident_hashes: language == Language::TypeScript,
         ..ParseOptions::default()
     };
-    let parsed = Parser::new(&allocator, source, source_type).with_options(options).parse();
-    if let Err(e) = check_parse(source, &parsed) {
-        return Some(Err(e));
-    }
-    let ParserReturn { mut program, .. } = parsed;
+    Parser::new(allocator, source, source_type).with_options(options).parse()
+}
 
-    // Every visitor below recurses once per AST level; left-deep chains (`1+1+...`) are deep
-    // here although the parser built them in a loop.
-    let depth = nesting::depth(&program, MAX_NESTING);
+/// Where a wrapped cell closes the wrapper's body to run code outside it, if it does: the
+/// wrapper must parse as one statement, the async arrow, whose body is the wrapper's braces.
+fn wrapper_escape(program: &Program<'_>, wrapped_len: usize) -> Option<u32> {
+    let body_start = to_u32(CELL_PREFIX.len() - 1);
+    let body_end = to_u32(wrapped_len.saturating_sub(1));
+    let arrow = match program.body.first() {
+        Some(Statement::ExpressionStatement(statement)) => match statement.expression.without_parentheses() {
+            Expression::ArrowFunctionExpression(arrow) => Some(arrow),
+            _ => None,
+        },
+        _ => None,
+    };
+    match arrow {
+        Some(arrow) if program.body.len() == 1 => {
+            let span = arrow.body.span();
+            (span.start != body_start || span.end != body_end).then_some(span.end.saturating_sub(1))
+        }
+        // The cell's own closing brace is where the wrapper's body ended.
+        Some(arrow) => Some(arrow.body.span().end.saturating_sub(1)),
+        None => Some(body_start),
+    }
+}
+
+/// The AST checks after a clean parse: depth (every visitor recurses once per level), then
+/// module access. `shift` is where the cell starts in the parsed text. The outer `None`
+/// asks for a deeper stack (see [`guarded`]).
+fn check_module_access(
+    source: &str,
+    program: &Program<'_>,
+    shift: usize,
+    depth_budget: usize,
+) -> Option<Result<(), FrontendError>> {
+    // Left-deep chains (`1+1+...`) are deep here although the parser built them in a loop.
+    let depth = nesting::depth(program, MAX_NESTING);
     if depth > MAX_NESTING {
         return Some(Err(FrontendError::TooDeep));
     }
     if depth > depth_budget {
         return None;
     }
-
-    if let Some(offset) = find_module_access(&program) {
-        let (line, column) = line_col(source, offset);
-        return Some(Err(FrontendError::ModuleAccess(Diagnostic {
-            message: MODULE_ACCESS_MESSAGE.to_string(),
-            line,
-            column,
-        })));
-    }
-
-    Some(match language {
-        Language::JavaScript => Ok(source.to_string()),
-        Language::TypeScript => strip_types(&allocator, source, &mut program),
+    // Only the wrapped script has the cell at an offset.
+    Some(match find_module_access(program, shift > 0) {
+        Some(offset) => {
+            let (line, column) = line_col(source, offset.saturating_sub(to_u32(shift)));
+            Err(FrontendError::ModuleAccess(Diagnostic { message: MODULE_ACCESS_MESSAGE.to_string(), line, column }))
+        }
+        None => Ok(()),
     })
 }
 
@@ -232,8 +322,8 @@ fn prepare_inner(source: &str, language: Language, depth_budget: usize) -> Optio
 /// Pitfall: oxc recovers from some errors and still returns a full AST (which
 /// codegen would happily print), so any error-severity diagnostic must fail
 /// the cell, not just `panicked`.
-fn check_parse(source: &str, parsed: &ParserReturn<'_>) -> Result<(), FrontendError> {
-    let mut diagnostics = convert(source, parsed.diagnostics.errors());
+fn check_parse(source: &str, parsed: &ParserReturn<'_>, shift: usize) -> Result<(), FrontendError> {
+    let mut diagnostics = convert(source, parsed.diagnostics.errors(), shift);
     if parsed.panicked && diagnostics.is_empty() {
         diagnostics.push(Diagnostic { message: "failed to parse the cell".to_string(), line: 1, column: 1 });
     }
@@ -258,7 +348,7 @@ fn strip_types<'a>(allocator: &'a Allocator, source: &str, program: &mut Program
     let semantic = SemanticBuilder::new().with_enum_eval(true).build(program);
     // Without `with_check_syntax_error` this only reports binder errors such as
     // redeclarations; reporting them here gives original-source positions.
-    let diagnostics = convert(source, semantic.diagnostics.errors());
+    let diagnostics = convert(source, semantic.diagnostics.errors(), 0);
     if !diagnostics.is_empty() {
         return Err(FrontendError::Syntax(diagnostics));
     }
@@ -266,7 +356,7 @@ fn strip_types<'a>(allocator: &'a Allocator, source: &str, program: &mut Program
 
     let options = TransformOptions::default();
     let transformed = Transformer::new(allocator, Path::new("cell.ts"), &options).build_with_scoping(scoping, program);
-    let diagnostics = convert(source, transformed.diagnostics.errors());
+    let diagnostics = convert(source, transformed.diagnostics.errors(), 0);
     if !diagnostics.is_empty() {
         return Err(FrontendError::Syntax(diagnostics));
     }
@@ -274,15 +364,16 @@ fn strip_types<'a>(allocator: &'a Allocator, source: &str, program: &mut Program
     Ok(Codegen::new().build(program).code)
 }
 
-/// Convert oxc diagnostics to ours, positioned at their most relevant label.
-fn convert<'d>(source: &str, diagnostics: impl Iterator<Item = &'d OxcDiagnostic>) -> Vec<Diagnostic> {
+/// Convert oxc diagnostics to ours, positioned at their most relevant label (`shift`: where
+/// the cell starts in the text that was parsed).
+fn convert<'d>(source: &str, diagnostics: impl Iterator<Item = &'d OxcDiagnostic>, shift: usize) -> Vec<Diagnostic> {
     diagnostics
         .map(|d| {
             // Prefer the primary label; otherwise the last one, because
             // multi-label oxc errors are mostly "declared here" + "redeclared
             // here", where the last label is the offending site.
             let offset = d.labels.iter().find(|l| l.primary()).or_else(|| d.labels.last()).map_or(0, |l| l.offset());
-            let (line, column) = line_col(source, offset);
+            let (line, column) = line_col(source, offset.saturating_sub(to_u32(shift)));
             Diagnostic { message: d.message.to_string(), line, column }
         })
         .collect()
@@ -309,20 +400,54 @@ fn to_u32(n: usize) -> u32 {
 
 /// Byte offset of the earliest module-access construct, if any.
 ///
-/// `import`/`export` declarations are only checked at the top level: nested
-/// ones are either parse errors (JS) or legal TypeScript that the transform
-/// lowers to plain code (`export` inside a `namespace`, or inside an ambient
-/// `declare module` that is erased).
-fn find_module_access(program: &Program<'_>) -> Option<u32> {
+/// In a module (`wrapped` false) `import`/`export` declarations are only checked at the top
+/// level: nested ones are either parse errors (JS) or legal TypeScript that the transform
+/// lowers to plain code (`export` inside a `namespace`, or inside an ambient `declare module`
+/// that is erased). In the wrapped script every one counts: the parser leaves them to a
+/// semantic check that is not run, and no function body may hold one.
+fn find_module_access(program: &Program<'_>, wrapped: bool) -> Option<u32> {
     let top_level = program.body.iter().find(|stmt| stmt.is_module_declaration()).map(|stmt| stmt.span().start);
-    let mut finder = ModuleAccessFinder { first: top_level };
+    let mut finder = ModuleAccessFinder { first: top_level, declarations: wrapped };
     finder.visit_program(program);
     finder.first
+}
+
+/// The CommonJS loader a model reaches for (no cell has one: the prelude deletes it).
+const LOADER: &str = "require";
+/// The names the global object goes by in the engines models know (`global` is Node's).
+const GLOBAL_OBJECTS: [&str; 4] = ["globalThis", "self", "window", "global"];
+
+/// Whether `expr` is the global object by one of its names (parentheses and TypeScript
+/// assertions aside).
+fn is_global_object(expr: &Expression<'_>) -> bool {
+    GLOBAL_OBJECTS.iter().any(|name| expr.is_specific_id(name))
+}
+
+/// Whether a callee is the loader: by name, through parentheses, assertions, a comma
+/// sequence (its last value is the callee), an optional chain, or off the global object.
+fn is_loader(callee: &Expression<'_>) -> bool {
+    match callee.get_inner_expression() {
+        Expression::Identifier(ident) => ident.name == LOADER,
+        Expression::SequenceExpression(sequence) => sequence.expressions.last().is_some_and(is_loader),
+        Expression::StaticMemberExpression(member) => {
+            member.property.name == LOADER && is_global_object(&member.object)
+        }
+        Expression::ComputedMemberExpression(member) => {
+            member.static_property_name().is_some_and(|name| name == LOADER) && is_global_object(&member.object)
+        }
+        Expression::ChainExpression(chain) => chain
+            .expression
+            .as_member_expression()
+            .is_some_and(|member| member.static_property_name() == Some(LOADER) && is_global_object(member.object())),
+        _ => false,
+    }
 }
 
 /// AST visitor recording the smallest start offset of a forbidden expression.
 struct ModuleAccessFinder {
     first: Option<u32>,
+    /// Every `import`/`export` declaration counts, at any depth.
+    declarations: bool,
 }
 
 impl ModuleAccessFinder {
@@ -337,21 +462,60 @@ impl<'a> Visit<'a> for ModuleAccessFinder {
         self.record(it.span.start);
     }
 
+    fn visit_module_declaration(&mut self, it: &ModuleDeclaration<'a>) {
+        if self.declarations {
+            self.record(it.span().start);
+            return;
+        }
+        walk::walk_module_declaration(self, it);
+    }
+
     fn visit_import_meta(&mut self, it: &ImportMeta) {
         self.record(it.span.start);
     }
 
-    /// Only a bare identifier callee counts (`require(..)`, `(require)(..)`,
-    /// `require?.(..)`); `globalThis.require(..)` is a member call and is left
-    /// to the runtime, where no such function exists.
+    /// A call whose callee is a loader however it is spelled: `require(..)`, `(require)(..)`,
+    /// `require?.(..)`, `(0, require)(..)`, `globalThis.require(..)`, `self["require"](..)`.
     fn visit_call_expression(&mut self, it: &CallExpression<'a>) {
-        if let Expression::Identifier(ident) = it.callee.without_parentheses() {
-            if ident.name == "require" {
-                self.record(it.span.start);
-                return;
-            }
+        if is_loader(&it.callee) {
+            self.record(it.span.start);
+            return;
         }
         walk::walk_call_expression(self, it);
+    }
+
+    /// The name read as a value (`const r = require`, `[require][0]('x')`, `{ require }`):
+    /// whatever is done with it next, a cell has no use for it.
+    fn visit_identifier_reference(&mut self, it: &IdentifierReference<'a>) {
+        if it.name == LOADER {
+            self.record(it.span.start);
+        }
+    }
+
+    /// `typeof require` only asks whether there is one (there is not): it loads nothing.
+    fn visit_unary_expression(&mut self, it: &UnaryExpression<'a>) {
+        if it.operator.is_typeof() && it.argument.get_inner_expression().is_specific_id(LOADER) {
+            return;
+        }
+        walk::walk_unary_expression(self, it);
+    }
+
+    /// `globalThis.require`, `self.require`, ...: the loader read off the global object.
+    fn visit_static_member_expression(&mut self, it: &StaticMemberExpression<'a>) {
+        if it.property.name == LOADER && is_global_object(&it.object) {
+            self.record(it.span.start);
+            return;
+        }
+        walk::walk_static_member_expression(self, it);
+    }
+
+    /// `globalThis["require"]`, ``self[`require`]``.
+    fn visit_computed_member_expression(&mut self, it: &ComputedMemberExpression<'a>) {
+        if it.static_property_name().is_some_and(|name| name == LOADER) && is_global_object(&it.object) {
+            self.record(it.span.start);
+            return;
+        }
+        walk::walk_computed_member_expression(self, it);
     }
 
     /// TypeScript `import x = require("m")`; aliases like `import A = N.B`
@@ -484,8 +648,64 @@ mod tests {
         assert_eq!(module_access_at(ts("const x = require('fs') as any;")), (1, 11));
         // earliest offending node wins
         assert_eq!(module_access_at(js("require('a');\nexport {};")), (1, 1));
+        // nested module syntax cannot hide in a block
+        assert_eq!(module_access_at(js("if (x) { import('a') }")), (1, 10));
+        assert_eq!(module_access_at(js("{ export const a = 1 }")), (1, 3));
         let e = FrontendError::ModuleAccess(Diagnostic { message: MODULE_ACCESS_MESSAGE.into(), line: 2, column: 1 });
         assert_eq!(e.message(), "code mode module access is disabled. (line 2:1)");
+    }
+
+    #[test]
+    fn disguised_loaders_rejected() {
+        for (src, at) in [
+            ("return (0, require)('fs');", (1, 8)),
+            ("return (1, 2, (require))('fs');", (1, 8)),
+            ("return globalThis.require('fs');", (1, 8)),
+            ("return globalThis['require']('fs');", (1, 8)),
+            ("return self[`require`]?.('fs');", (1, 8)),
+            ("return globalThis?.require('fs');", (1, 8)),
+            ("const r = require;\nreturn r('fs');", (1, 11)),
+            ("const { r } = { r: require };\nreturn r('fs');", (1, 20)),
+            ("return [require][0]('fs');", (1, 9)),
+            ("const g = globalThis.require;", (1, 11)),
+            ("return import.meta;", (1, 8)),
+            ("const f = () => import.meta.url;\nreturn f();", (1, 17)),
+        ] {
+            assert_eq!(module_access_at(js(src)), at, "{src}");
+        }
+        assert_eq!(module_access_at(ts("return (0, require as any)('fs');")), (1, 8));
+        assert_eq!(module_access_at(ts("const r: any = globalThis.require;")), (1, 16));
+    }
+
+    #[test]
+    fn sloppy_mode_cells_are_accepted_as_a_js_engine_accepts_them() {
+        for src in [
+            "const yield = 10;\nreturn yield;",
+            "var let = 1; return let;",
+            "return 010 + 1;",
+            "with ({a: 1}) { return a; }",
+            "function f(a, a) { return a }\nreturn f(1, 2);",
+            "static = 1; return static;",
+            "return await Promise.resolve(1);",
+        ] {
+            assert_eq!(js(src).as_deref(), Ok(src), "{src}");
+        }
+    }
+
+    #[test]
+    fn a_cell_cannot_close_the_function_body_it_runs_in() {
+        for src in [
+            "}); globalThis.x = 1; (async () => {",
+            "}), (async () => {",
+            "})(); (() => {",
+            "}) + (async () => {",
+            "return 1 }); (async () => { return 2",
+        ] {
+            let d = syntax(js(src));
+            assert!(d[0].message.contains("cannot close it"), "{src}: {d:?}");
+        }
+        // A lone closer is a plain syntax error.
+        assert_eq!(syntax(js("return 1; }")).len(), 1);
     }
 
     #[test]
@@ -493,7 +713,9 @@ mod tests {
         for src in [
             "const s = \"require('x')\";\nreturn s;",
             "// import fs from 'fs'\n/* export default 1; import('x') */\nreturn 1;",
-            "return globalThis.require(\"x\");",
+            "const o2 = { require: (x) => x }; return [o2.require(1), o2['require'](2)];",
+            "return typeof require;",
+            "class C { require() { return this.require; } }\nreturn new C().require();",
             "const o = { require: 1, import: 2 };\nreturn o.require + o.import;",
             "return `import.meta ${'require(1)'}`;",
             "function f() { return new.target; }\nreturn f();",

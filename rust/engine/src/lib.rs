@@ -15,8 +15,8 @@ mod web;
 
 pub use catalog::Catalog;
 pub use engine::{
-    prelude_hash, ClockRun, Engine, EngineError, ErrorCode, Failure, Outcome, Output, OutputKind, Settlement, Status,
-    ToolCall, YIELD_TOOL,
+    prelude_hash, CallMethod, ClockRun, Engine, EngineError, ErrorCode, Failure, Outcome, Output, OutputKind,
+    Settlement, Status, ToolCall, YIELD_TOOL,
 };
 pub use frontend::Language;
 pub use limits::Limits;

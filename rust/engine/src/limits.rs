@@ -123,6 +123,9 @@ pub struct Flags {
     abort: AtomicU8,
     /// Set by the allocator on the first refused allocation.
     pub oom: AtomicBool,
+    /// Set when the interrupt handler stops the guest: QuickJS then allocates the uncatchable
+    /// error, and the allocator grants it a headroom of its own (see `alloc`).
+    pub unwinding: AtomicBool,
     pub memory_limit: AtomicUsize,
     /// Bytes the allocator has handed out and not taken back.
     pub used: AtomicUsize,
@@ -138,6 +141,7 @@ impl Flags {
             deadline_ns: AtomicU64::new(0),
             abort: AtomicU8::new(0),
             oom: AtomicBool::new(false),
+            unwinding: AtomicBool::new(false),
             memory_limit: AtomicUsize::new(memory_limit),
             used: AtomicUsize::new(0),
             held: AtomicUsize::new(0),
@@ -165,14 +169,15 @@ impl Flags {
 
     /// The interrupt handler's question: must the guest stop now?
     pub fn should_interrupt(&self) -> bool {
-        if self.aborted().is_some() {
-            return true;
-        }
         let deadline = self.deadline_ns.load(Ordering::Relaxed);
-        if deadline != 0 && self.epoch.elapsed().as_nanos() as u64 >= deadline {
-            self.abort(Abort::Timeout);
-            return true;
+        let stop = self.aborted().is_some()
+            || (deadline != 0 && self.epoch.elapsed().as_nanos() as u64 >= deadline && {
+                self.abort(Abort::Timeout);
+                true
+            });
+        if stop {
+            self.unwinding.store(true, Ordering::Relaxed);
         }
-        false
+        stop
     }
 }

@@ -170,18 +170,30 @@
   const hostSearch = host.search;
   const hostDescribe = host.describe;
 
-  function callValue(id, input) {
+  // The bridge method each call names, as `CallMethod` in engine.rs spells them (the host shows
+  // them in `pendingToolCalls`; a test pins the one each guest path sends).
+  const VIA_CALL_VALUE = "callValue";
+  const VIA_CALL = "call";
+  const VIA_NAMESPACE = "namespace";
+  const VIA_MCP = "mcp";
+  const VIA_YIELD = "yield_control";
+
+  // `id` is a catalog id or an exact, unambiguous tool name (the host resolves it).
+  function callTool(helper, via, id, input) {
     if (typeof id !== "string") {
-      return PromiseCtor.reject(new ErrorCtor("tools.callValue(id, input): id must be a string"));
+      return PromiseCtor.reject(new ErrorCtor("tools." + helper + "(id, input): id must be a string"));
     }
     if (id.length > 0 && id.charCodeAt(0) === 0) {
       // The bridge's internal ids (yield, namespaces, MCP) are not tools.
       return PromiseCtor.reject(new ErrorCtor("unknown tool: " + id));
     }
-    return hostCall(id, toJson(input === undefined ? {} : input));
+    return hostCall(id, toJson(input === undefined ? {} : input), via);
+  }
+  function callValue(id, input) {
+    return callTool("callValue", VIA_CALL_VALUE, id, input);
   }
   async function call(id, input) {
-    const result = await callValue(id, input);
+    const result = await callTool("call", VIA_CALL, id, input);
     return { tool: id, result };
   }
 
@@ -290,9 +302,9 @@
     const toolIdents = ObjectKeys(info.tools);
     for (let i = 0; i < toolIdents.length; i++) {
       const id = info.tools[toolIdents[i]];
-      server[toolIdents[i]] = (input) => hostCall(MCP_TOOL, toJson({ id, input: input === undefined ? {} : input }));
+      server[toolIdents[i]] = (input) => hostCall(MCP_TOOL, toJson({ id, input: input === undefined ? {} : input }), VIA_MCP);
     }
-    const op = (name) => (input) => hostCall(MCP_TOOL, toJson({ server: info.server, op: name, input: input === undefined ? {} : input }));
+    const op = (name) => (input) => hostCall(MCP_TOOL, toJson({ server: info.server, op: name, input: input === undefined ? {} : input }), VIA_MCP);
     server.$api = async (toolName, options) => {
       const schema = options !== null && typeof options === "object" && options.schema === true;
       return deepFreeze(JsonParse(hostMcpApi(ident, toolName === undefined ? undefined : StringCtor(toolName), schema)));
@@ -359,7 +371,7 @@
     if (typeof value.$call === "string") {
       const path = value.$call;
       return function (...args) {
-        return hostCall(NAMESPACE_TOOL, toJson({ ns, path, args }));
+        return hostCall(NAMESPACE_TOOL, toJson({ ns, path, args }), VIA_NAMESPACE);
       };
     }
     const out = ObjectCreate(null);
@@ -518,7 +530,7 @@
 
   // Hands control back to the model: the host answers it on the next `wait`.
   function yield_control(reason) {
-    return hostCall(YIELD_TOOL, toJson(reason === undefined ? null : StringCtor(reason))).then(() => undefined);
+    return hostCall(YIELD_TOOL, toJson(reason === undefined ? null : StringCtor(reason)), VIA_YIELD).then(() => undefined);
   }
 
   ObjectDefineProperty(G, "yield_control", { value: yield_control, enumerable: false });

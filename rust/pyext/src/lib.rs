@@ -11,20 +11,22 @@ mod semantic;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use codemode_engine::{Catalog as InnerCatalog, Engine as Inner, Language, Limits, Outcome, Settlement, Status};
+use codemode_engine::{
+    CallMethod, Catalog as InnerCatalog, Engine as Inner, Language, Limits, Outcome, Settlement, Status,
+};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 /// (code, name, message, stack)
 type PyFailure = (Option<&'static str>, String, String, String);
-/// (status, value_json, failure, outputs, calls, clock_reads, in_flight, memory_bytes, searches, describes,
+/// (status, value_json, failure, outputs, calls (id, tool, input, method), clock_reads, in_flight, memory_bytes, searches, describes,
 /// store_writes)
 type PyOutcome = (
     &'static str,
     Option<String>,
     Option<PyFailure>,
     Vec<(u8, String)>,
-    Vec<(u32, String, String)>,
+    Vec<(u32, String, String, &'static str)>,
     Vec<(f64, u32)>,
     usize,
     usize,
@@ -44,7 +46,7 @@ fn convert(outcome: Outcome) -> PyOutcome {
         value,
         failure,
         outcome.outputs.into_iter().map(|o| (o.kind as u8, o.text)).collect(),
-        outcome.calls.into_iter().map(|c| (c.id, c.tool, c.input_json)).collect(),
+        outcome.calls.into_iter().map(|c| (c.id, c.tool, c.input_json, c.method.as_str())).collect(),
         outcome.clock_reads,
         outcome.in_flight,
         outcome.memory_bytes,
@@ -199,6 +201,7 @@ fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("PRELUDE_HASH", format!("{:016x}", codemode_engine::prelude_hash()))?;
     m.add("YIELD_TOOL", codemode_engine::YIELD_TOOL)?;
+    m.add("CALL_METHODS", pyo3::types::PyTuple::new(m.py(), CallMethod::ALL.map(CallMethod::as_str))?)?;
     m.add("MAX_NESTING", codemode_engine::nesting::MAX_NESTING)?;
     m.add("MAX_VALUE_DEPTH", codemode_engine::limits::MAX_VALUE_DEPTH)?;
     m.add("MAX_REPORT_BYTES", codemode_engine::limits::MAX_REPORT_BYTES)?;
@@ -206,6 +209,7 @@ fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add(
         "__all__",
         [
+            "CALL_METHODS",
             "MAX_BRIDGE_BYTES",
             "MAX_NESTING",
             "MAX_REPORT_BYTES",

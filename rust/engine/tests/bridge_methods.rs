@@ -1,0 +1,62 @@
+//! Each guest API names its bridge method on the calls it starts (`CallMethod`): the host shows
+//! it in `pendingToolCalls`. One cell per path; the names are pinned here and, against the
+//! Python side, by `_engine.CALL_METHODS`.
+
+use std::sync::Arc;
+
+use codemode_engine::{CallMethod, Catalog, Engine, Language, Limits, Status};
+
+/// One host tool and one MCP tool (server `gh`, reached as `MCP.gh.createIssue`).
+const CATALOG: &str = r#"{
+    "tools": [
+        {"id": "host:core:read", "name": "read", "description": "Read.", "source": "host", "input": "unknown"},
+        {"id": "mcp:gh:create_issue", "name": "create_issue", "description": "Create.", "source": "mcp",
+         "sourceName": "gh", "input": "unknown", "ident": "createIssue", "serverIdent": "gh", "declaration": ""}
+    ],
+    "api": {},
+    "mcpServers": {"gh": {"ident": "gh", "path": "mcp/gh.d.ts"}}
+}"#;
+
+/// A namespace `Issues` whose `list` is a call marker.
+const RUN: &str = r#"{"namespaces": [{"id": "github-issues", "globalName": "Issues", "description": "",
+    "prompt": null, "tools": ["list"], "scope": {"list": {"$call": "list"}}}]}"#;
+
+fn methods_of(cell: &str) -> Vec<(String, CallMethod)> {
+    let catalog = match Catalog::from_json(CATALOG) {
+        Ok(c) => c,
+        Err(e) => panic!("catalog: {e}"),
+    };
+    let mut engine = match Engine::new(Limits::default(), Arc::new(catalog)) {
+        Ok(e) => e,
+        Err(e) => panic!("engine: {e}"),
+    };
+    let out = engine.start(cell, Language::JavaScript, 2000.0, 1, RUN);
+    assert_eq!(out.status, Status::Pending, "{cell}");
+    out.calls.into_iter().map(|c| (c.tool, c.method)).collect()
+}
+
+#[test]
+fn every_guest_path_names_its_bridge_method() {
+    for (cell, tool, method) in [
+        ("await tools.callValue('host:core:read', {})", "host:core:read", CallMethod::CallValue),
+        ("await tools.read({})", "host:core:read", CallMethod::CallValue),
+        ("await tools.call('host:core:read', {})", "host:core:read", CallMethod::Call),
+        ("await codemode.tools.call('host:core:read', {})", "host:core:read", CallMethod::Call),
+        ("await Issues.list()", "\u{0}ns", CallMethod::Namespace),
+        ("await MCP.gh.createIssue({})", "\u{0}mcp", CallMethod::Mcp),
+        ("await MCP.gh.resources.list()", "\u{0}mcp", CallMethod::Mcp),
+        ("await yield_control('why')", codemode_engine::YIELD_TOOL, CallMethod::Yield),
+    ] {
+        assert_eq!(methods_of(cell), vec![(tool.to_owned(), method)], "{cell}");
+    }
+}
+
+#[test]
+fn method_names_are_the_guest_api_names_and_parse_back() {
+    let names: Vec<&str> = CallMethod::ALL.iter().map(|m| m.as_str()).collect();
+    assert_eq!(names, ["callValue", "call", "namespace", "mcp", "yield_control"]);
+    for method in CallMethod::ALL {
+        assert_eq!(CallMethod::parse(method.as_str()), Some(method));
+    }
+    assert_eq!(CallMethod::parse("callvalue"), None);
+}
