@@ -145,9 +145,7 @@ def test_calls_still_running_at_the_deadline_make_the_run_wait_then_wait_complet
     cm = make_codemode({"workers": 1, "timeoutMs": 300})
     add_tools(cm, ledger)
     session = cm.session("deadline")
-    first = session.exec(
-        {"code": "void tools.work({name: 'slow', ms: 900}); return await tools.work({name: 'quick'})"}
-    )
+    first = session.exec({"code": "void tools.work({name: 'slow', ms: 900}); return await tools.work({name: 'quick'})"})
     assert first["status"] == "waiting", first
     assert first["reason"] == "pending_tools"
     assert len(first["pendingToolCalls"]) == 1  # the call nobody awaits
