@@ -45,8 +45,11 @@ __all__ = [
     "input_hint",
     "output_hint",
     "quick_index",
+    "schema_properties",
+    "schema_required",
     "schemas_from_function",
     "search_fields",
+    "type_union",
 ]
 
 JsonSchema = dict[str, Any]
@@ -333,17 +336,17 @@ def _render(node: Any, keep: int, depth: int) -> str:
         return _literal(node["const"])
     enum = node.get("enum")
     if isinstance(enum, list):
-        return _union([_literal(value) for value in enum])
+        return type_union([_literal(value) for value in enum])
     for key in ("anyOf", "oneOf"):
         members = node.get(key)
         if isinstance(members, list) and members:
-            return _union([_render(member, keep, depth + 1) for member in members])
+            return type_union([_render(member, keep, depth + 1) for member in members])
     members = node.get("allOf")
     if isinstance(members, list) and members:
         parts = [_render(member, keep, depth + 1) for member in members]
         return " & ".join(f"({part})" if " | " in part else part for part in parts)
     kinds = _types(node)
-    return _union([_render_type(node, kind, keep, depth) for kind in kinds]) if kinds else "unknown"
+    return type_union([_render_type(node, kind, keep, depth) for kind in kinds]) if kinds else "unknown"
 
 
 def _render_type(node: JsonSchema, kind: str, keep: int, depth: int) -> str:
@@ -355,7 +358,7 @@ def _render_type(node: JsonSchema, kind: str, keep: int, depth: int) -> str:
 
 
 def _render_object(node: JsonSchema, keep: int, depth: int) -> str:
-    properties = _properties(node)
+    properties = schema_properties(node)
     extra = node.get("additionalProperties")
     if not properties:
         if extra is False:
@@ -365,7 +368,7 @@ def _render_object(node: JsonSchema, keep: int, depth: int) -> str:
         return f"Record<string, {_render(extra, keep, depth + 1)}>"
     if keep <= 0:
         return _FOLDED
-    required = _required(node)
+    required = schema_required(node)
     fields = [_field(name, sub, name in required, keep - 1, depth + 1) for name, sub in properties.items()]
     if extra is True or isinstance(extra, dict):  # only an explicit opening: JSON Schema's default is noise
         value = _render(extra, keep - 1, depth + 1) if isinstance(extra, dict) else "unknown"
@@ -402,8 +405,8 @@ def _key(name: str) -> str:
 def _fit_fields(node: JsonSchema, max_chars: int) -> str | None:
     """The top-level object with nested objects folded and only the fields that fit (required
     first, then optional, each in schema order), marked incomplete by a trailing ``…``."""
-    properties = _properties(node)
-    required = _required(node)
+    properties = schema_properties(node)
+    required = schema_required(node)
     order = [name for name in properties if name in required] + [name for name in properties if name not in required]
     chosen: list[str] = []
     for name in order:
@@ -417,7 +420,7 @@ def _fit_fields(node: JsonSchema, max_chars: int) -> str | None:
 def _is_plain_object(node: JsonSchema) -> bool:
     """Whether ``node`` renders as an object literal with fields (so fields can be dropped)."""
     combinators = ("const", "enum", "anyOf", "oneOf", "allOf")
-    return not any(key in node for key in combinators) and _types(node) == ["object"] and bool(_properties(node))
+    return not any(key in node for key in combinators) and _types(node) == ["object"] and bool(schema_properties(node))
 
 
 def _types(node: JsonSchema) -> list[str]:
@@ -434,17 +437,20 @@ def _types(node: JsonSchema) -> list[str]:
     return []
 
 
-def _properties(node: JsonSchema) -> dict[str, Any]:
+def schema_properties(node: Mapping[str, Any]) -> dict[str, Any]:
+    """A schema node's ``properties`` by name ({} when absent or not an object)."""
     properties = node.get("properties")
-    return {str(name): sub for name, sub in properties.items()} if isinstance(properties, dict) else {}
+    return {str(name): sub for name, sub in properties.items()} if isinstance(properties, Mapping) else {}
 
 
-def _required(node: JsonSchema) -> set[str]:
+def schema_required(node: Mapping[str, Any]) -> set[str]:
+    """A schema node's ``required`` names (strings only)."""
     required = node.get("required")
     return {name for name in required if isinstance(name, str)} if isinstance(required, list) else set()
 
 
-def _union(parts: list[str]) -> str:
+def type_union(parts: list[str]) -> str:
+    """A TypeScript union of ``parts`` (deduplicated; ``unknown`` absorbs the rest)."""
     unique = list(dict.fromkeys(parts))
     if not unique:
         return "never"
@@ -515,7 +521,7 @@ def _closed_type(node: JsonSchema, kind: str, depth: int) -> bool:
         return (
             node.get("additionalProperties") is False
             and "patternProperties" not in node
-            and all(_closed(sub, depth + 1) for sub in _properties(node).values())
+            and all(_closed(sub, depth + 1) for sub in schema_properties(node).values())
         )
     if kind == "array":
         items = node.get("items")
@@ -595,7 +601,7 @@ def _collect(node: Any, found: dict[str, None], depth: int) -> None:
     if not isinstance(node, dict) or depth > _MAX_DEPTH or len(found) >= _MAX_SEARCH_FIELDS:
         return
     _add_field(found, node.get("description"))
-    for name, sub in _properties(node).items():
+    for name, sub in schema_properties(node).items():
         _add_field(found, name)
         _collect(sub, found, depth + 1)
     for child in _children(node, skip="properties"):
@@ -691,8 +697,8 @@ def _declared_names(node: Any, depth: int) -> Iterator[str]:
     """Every property name the schema declares: the only keys safe to show in an error path."""
     if not isinstance(node, dict) or depth > _MAX_DEPTH:
         return
-    yield from _properties(node)
-    yield from _required(node)
+    yield from schema_properties(node)
+    yield from schema_required(node)
     for child in _children(node, skip=""):
         yield from _declared_names(child, depth + 1)
 

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from .catalog import compile_input_validator, inline_refs
+from .catalog import compile_input_validator, inline_refs, schema_properties, schema_required, type_union
 
 __all__ = [
     "INDEX_PATH",
@@ -249,11 +249,11 @@ def input_type(schema: Mapping[str, Any] | None) -> tuple[str, bool]:
         if len(rendered) <= _MAX_SIGNATURE_CHARS:
             text = rendered
             break
-    return text, not (_required(node) - filled)
+    return text, not (schema_required(node) - filled)
 
 
 def _defaulted(node: Mapping[str, Any]) -> list[str]:
-    return [key for key, prop in _properties(node).items() if isinstance(prop, Mapping) and "default" in prop]
+    return [key for key, prop in schema_properties(node).items() if isinstance(prop, Mapping) and "default" in prop]
 
 
 def _ts_type(node: Any, depth: int, max_depth: int, filled: frozenset[str] = frozenset()) -> str:
@@ -267,11 +267,11 @@ def _ts_type(node: Any, depth: int, max_depth: int, filled: frozenset[str] = fro
         return _literal(node["const"])
     enum = node.get("enum")
     if isinstance(enum, list) and 0 < len(enum) <= _MAX_MEMBERS:
-        return _union([_literal(value) for value in enum])
+        return type_union([_literal(value) for value in enum])
     for key in ("anyOf", "oneOf"):
         members = node.get(key)
         if isinstance(members, list) and 0 < len(members) <= _MAX_MEMBERS:
-            return _union([_ts_type(member, depth + 1, max_depth) for member in members])
+            return type_union([_ts_type(member, depth + 1, max_depth) for member in members])
     members = node.get("allOf")
     if isinstance(members, list) and 0 < len(members) <= _MAX_MEMBERS:
         parts = [_ts_type(member, depth + 1, max_depth) for member in members]
@@ -279,7 +279,7 @@ def _ts_type(node: Any, depth: int, max_depth: int, filled: frozenset[str] = fro
     kinds = _types(node)
     if not kinds:
         return "unknown"
-    return _union([_kind_type(node, kind, depth, max_depth, filled) for kind in kinds])
+    return type_union([_kind_type(node, kind, depth, max_depth, filled) for kind in kinds])
 
 
 def _kind_type(node: Mapping[str, Any], kind: str, depth: int, max_depth: int, filled: frozenset[str]) -> str:
@@ -293,7 +293,7 @@ def _kind_type(node: Mapping[str, Any], kind: str, depth: int, max_depth: int, f
 def _object_type(node: Mapping[str, Any], depth: int, max_depth: int, filled: frozenset[str]) -> str:
     """An object type; an open one (no ``additionalProperties: false``) gets an index signature
     whose type admits its fields' (TypeScript requires it), unknown past eight."""
-    properties = _properties(node)
+    properties = schema_properties(node)
     shown = list(properties.items())[:_MAX_FIELDS]
     extra = node.get("additionalProperties")
     patterns = node.get("patternProperties")
@@ -306,7 +306,7 @@ def _object_type(node: Mapping[str, Any], depth: int, max_depth: int, filled: fr
         index = _ts_type(extra, depth + 1, max_depth) if isinstance(extra, Mapping) else "unknown"
     if not shown:
         return f"Record<string, {index or 'never'}>"
-    required = _required(node) - filled
+    required = schema_required(node) - filled
     fields, types = [], set()
     for key, sub in shown:
         kind = _ts_type(sub, depth + 1, max_depth)
@@ -364,23 +364,6 @@ def _types(node: Mapping[str, Any]) -> list[str]:
     return [*kinds, "null"] if node.get("nullable") is True and "null" not in kinds else kinds
 
 
-def _properties(node: Mapping[str, Any]) -> dict[str, Any]:
-    properties = node.get("properties")
-    return {str(name): sub for name, sub in properties.items()} if isinstance(properties, Mapping) else {}
-
-
-def _required(node: Mapping[str, Any]) -> set[str]:
-    required = node.get("required")
-    return {name for name in required if isinstance(name, str)} if isinstance(required, list) else set()
-
-
-def _union(parts: list[str]) -> str:
-    unique = list(dict.fromkeys(parts))
-    if not unique:
-        return "never"
-    return "unknown" if "unknown" in unique else " | ".join(unique)
-
-
 def _literal(value: Any) -> str:
     """A JSON scalar as a literal type (ASCII escapes: one line, whatever the schema holds)."""
     if value is None or isinstance(value, bool | int | str) or (isinstance(value, float) and value == value):
@@ -409,7 +392,7 @@ def _doc(description: str, schema: Mapping[str, Any] | None, indent: str) -> lis
     lines = [f"{indent}/**"]
     for line in (description.strip() or "(no description)").splitlines()[:_MAX_DOC_LINES]:
         lines.append(f"{indent} * {_safe_comment(line)}")
-    for key, prop in list(_properties(schema or {}).items())[:_MAX_PARAM_DOCS]:
+    for key, prop in list(schema_properties(schema or {}).items())[:_MAX_PARAM_DOCS]:
         if not isinstance(prop, Mapping):
             continue
         text = prop.get("description")
