@@ -1,12 +1,10 @@
-//! Ranking quality (BM25 alone) on a realistic 228-tool catalog, and speed on a synthetic
-//! 10,000-tool one. The held-out paraphrase and misspelling queries over `catalog_20.json`, and
+//! Ranking quality (BM25 alone) on a realistic 228-tool catalog, and answers on a synthetic
+//! 10,000-tool one (its speed is benches/test_search.py's to measure). The held-out paraphrase and misspelling queries over `catalog_20.json`, and
 //! the hybrid mode (which needs the model from the `wordllama` wheel), are measured with recall
 //! floors in tests/test_search.py.
 //!
 //! Run `cargo test --release -p codemode-engine --test search_quality -- --nocapture` for the
-//! per-query ranks and the timings; the timing bound is asserted only in release builds.
-
-use std::time::{Duration, Instant};
+//! per-query ranks.
 
 use codemode_engine::search::{IndexEntry, SearchIndex};
 use serde_json::Value;
@@ -80,10 +78,6 @@ fn fixture_queries_rank_expected_tool_in_top_3() {
     let n = queries.len();
     println!("top-1: {top1}/{n} ({:.1}%), top-3: {top3}/{n} ({:.1}%)", pct(top1, n), pct(top3, n));
     assert!(misses.is_empty(), "not in top 3:\n{}", misses.join("\n"));
-}
-
-fn percentile(sorted: &[Duration], p: usize) -> Duration {
-    sorted.get(sorted.len() * p / 100).copied().unwrap_or_default()
 }
 
 fn pct(a: usize, n: usize) -> f64 {
@@ -211,14 +205,14 @@ fn capitalize(s: &str) -> String {
     c.next().map(|f| f.to_uppercase().chain(c).collect()).unwrap_or_default()
 }
 
+/// Every query finds something in a 10,000-tool catalog and hostile queries (long runs of
+/// unknown words, of known words, one huge word, multi-byte text) return within the limit. How
+/// fast is measured in benches/test_search.py, not here.
 #[test]
-fn search_over_10k_tools_is_fast() {
+fn search_over_10k_tools_answers_every_query_and_survives_hostile_ones() {
     let entries = synthetic();
     assert_eq!(entries.len(), 10_000);
-    let start = Instant::now();
     let index = SearchIndex::new(&entries);
-    let build = start.elapsed();
-
     let queries = [
         "list invoices",
         "unpaid invoices",
@@ -237,45 +231,13 @@ fn search_over_10k_tools_is_fast() {
         "refund order",
         "listInvoices",
     ];
-    let mut times: Vec<Duration> = Vec::new();
     for q in queries {
-        let mut mine: Vec<Duration> = Vec::new();
-        for _ in 0..50 {
-            let t = Instant::now();
-            let hits = index.search(q, 8);
-            mine.push(t.elapsed());
-            assert!(!hits.is_empty(), "{q}");
-        }
-        mine.sort();
-        println!("  {q:<28} median {:>7.1} us", percentile(&mine, 50).as_secs_f64() * 1e6);
-        times.extend(mine);
+        let hits = index.search(q, 8);
+        assert!(!hits.is_empty() && hits.len() <= 8, "{q}: {} hits", hits.len());
     }
-    times.sort();
-    let (median, p95, max) =
-        (percentile(&times, 50), percentile(&times, 95), times.last().copied().unwrap_or_default());
-    println!(
-        "10,000 tools: build {:.1} ms; search median {:.1} us, p95 {:.1} us, max {:.1} us ({} searches)",
-        build.as_secs_f64() * 1e3,
-        median.as_secs_f64() * 1e6,
-        p95.as_secs_f64() * 1e6,
-        max.as_secs_f64() * 1e6,
-        times.len()
-    );
-
-    // Hostile queries: 1,000+ chars of unknown words (fallback path), of known words, of one word.
     let gibberish: String = (0..400).map(|i| format!("zq{i}x ")).collect();
     let known: String = VERBS.iter().chain(NOUNS.iter()).cycle().take(300).map(|w| format!("{w} ")).collect();
-    let mut worst = Duration::ZERO;
     for q in [gibberish, known, "x".repeat(100_000), "ünï🦀 ".repeat(5_000)] {
-        let t = Instant::now();
-        let _ = index.search(&q, 50);
-        worst = worst.max(t.elapsed());
-    }
-    println!("hostile queries: worst {:.1} us", worst.as_secs_f64() * 1e6);
-
-    if !cfg!(debug_assertions) {
-        assert!(median < Duration::from_millis(1), "median search {median:?}");
-        assert!(worst < Duration::from_millis(50), "hostile query {worst:?}");
-        assert!(build < Duration::from_secs(2), "build {build:?}");
+        assert!(index.search(&q, 50).len() <= 50);
     }
 }
