@@ -36,6 +36,7 @@ __all__ = [
     "MAX_LABEL_CHARS",
     "MAX_SCHEMA_BYTES",
     "FunctionSchemas",
+    "array_of",
     "bounded_schema",
     "bounded_text",
     "compile_input_validator",
@@ -49,6 +50,7 @@ __all__ = [
     "schema_required",
     "schemas_from_function",
     "search_fields",
+    "tuple_form",
     "type_union",
 ]
 
@@ -376,20 +378,29 @@ def _render_object(node: JsonSchema, keep: int, depth: int) -> str:
     return "{ " + "; ".join(fields) + " }"
 
 
-def _render_array(node: JsonSchema, keep: int, depth: int) -> str:
+def tuple_form(node: Mapping[str, Any]) -> tuple[list[Any], Any] | None:
+    """An array schema's tuple form as ``(members, rest)`` (``rest`` False: nothing after the
+    members), from ``prefixItems`` or draft-07's list ``items``; None for a plain array."""
     items = node.get("items")
     prefix = node.get("prefixItems")
     if isinstance(prefix, list):
-        rest = items if "items" in node else True
-    elif isinstance(items, list):  # draft-07 tuple form
-        prefix, rest = items, node.get("additionalItems", True)
-    elif items is False:
-        return "[]"
-    else:
-        return _array_of(_render(items, keep, depth + 1) if isinstance(items, dict) else "unknown")
+        return prefix, items if "items" in node else True
+    if isinstance(items, list):  # draft-07 tuple form
+        return items, node.get("additionalItems", True)
+    return None
+
+
+def _render_array(node: JsonSchema, keep: int, depth: int) -> str:
+    form = tuple_form(node)
+    if form is None:
+        items = node.get("items")
+        if items is False:
+            return "[]"
+        return array_of(_render(items, keep, depth + 1) if isinstance(items, dict) else "unknown")
+    prefix, rest = form
     parts = [_render(item, keep, depth + 1) for item in prefix]
     if rest is not False:
-        parts.append("..." + _array_of(_render(rest, keep, depth + 1) if isinstance(rest, dict) else "unknown"))
+        parts.append("..." + array_of(_render(rest, keep, depth + 1) if isinstance(rest, dict) else "unknown"))
     return "[" + ", ".join(parts) + "]"
 
 
@@ -457,7 +468,9 @@ def type_union(parts: list[str]) -> str:
     return "unknown" if "unknown" in unique else " | ".join(unique)
 
 
-def _array_of(item: str) -> str:
+def array_of(item: str) -> str:
+    """``string[]`` for a simple item type, else ``Array<…>``: the grouping of an item that is an
+    object or a union stays with it."""
     return f"{item}[]" if _SIMPLE_TYPE.fullmatch(item) else f"Array<{item}>"
 
 

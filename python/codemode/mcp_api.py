@@ -35,7 +35,15 @@ from typing import Any, Protocol
 
 import msgspec
 
-from .catalog import compile_input_validator, inline_refs, schema_properties, schema_required, type_union
+from .catalog import (
+    array_of,
+    compile_input_validator,
+    inline_refs,
+    schema_properties,
+    schema_required,
+    tuple_form,
+    type_union,
+)
 
 __all__ = [
     "INDEX_PATH",
@@ -83,7 +91,6 @@ _MAX_MEMBERS = 16
 _MAX_FIELDS = 64
 _MAX_SIGNATURE_CHARS = 4000
 _IDENT = re.compile(r"^[A-Za-z_$][A-Za-z0-9_$]*$")
-_SIMPLE_TYPE = re.compile(r"^[A-Za-z]+(?:\[\])*$")
 _PRIMITIVES = {"string": "string", "integer": "number", "number": "number", "boolean": "boolean", "null": "null"}
 
 
@@ -321,30 +328,19 @@ def _object_type(node: Mapping[str, Any], depth: int, max_depth: int, filled: fr
 
 
 def _array_type(node: Mapping[str, Any], depth: int, max_depth: int) -> str:
-    items = node.get("items")
-    prefix = node.get("prefixItems")
-    if isinstance(prefix, list):
-        rest = items if "items" in node else True
-    elif isinstance(items, list):  # draft-07 tuple form
-        prefix, rest = items, node.get("additionalItems", True)
-    elif items is False:
-        return "[]"
-    else:
-        return _array_of(_ts_type(items, depth + 1, max_depth) if isinstance(items, Mapping) else "unknown")
+    form = tuple_form(node)
+    if form is None:
+        items = node.get("items")
+        if items is False:
+            return "[]"
+        return array_of(_ts_type(items, depth + 1, max_depth) if isinstance(items, Mapping) else "unknown")
+    prefix, rest = form
     if len(prefix) > _MAX_MEMBERS:
         return "unknown[]"
     parts = [_ts_type(item, depth + 1, max_depth) for item in prefix]
     if rest is not False:
-        parts.append(
-            "..." + _array_of(_ts_type(rest, depth + 1, max_depth) if isinstance(rest, Mapping) else "unknown")
-        )
+        parts.append("..." + array_of(_ts_type(rest, depth + 1, max_depth) if isinstance(rest, Mapping) else "unknown"))
     return "[" + ", ".join(parts) + "]"
-
-
-def _array_of(item: str) -> str:
-    """``string[]`` for a simple item type, else ``Array<…>``: the grouping of an item that is an
-    object or a union stays with it."""
-    return f"{item}[]" if _SIMPLE_TYPE.fullmatch(item) else f"Array<{item}>"
 
 
 def _types(node: Mapping[str, Any]) -> list[str]:
