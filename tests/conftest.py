@@ -7,11 +7,14 @@ cannot disturb each other, and tests that break the pool on purpose build their 
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from codemode import CodeMode, Session
+from codemode.namespaces import NamespaceRegistration, namespace_tool
 
 RECOVERY_CELL = "return 40 + 2"
 
@@ -63,3 +66,38 @@ def assert_recovers() -> Callable[[Session], None]:
         assert result["value"] == 42
 
     return check
+
+
+@pytest.fixture
+def gated_namespace(
+    make_codemode: Callable[..., CodeMode],
+) -> Iterator[Callable[..., tuple[CodeMode, threading.Event]]]:
+    """``make(read_only=False)`` -> ``(cm, gate)``: a namespace ``Slow.fetch(key)`` over a tool
+    that answers only once ``gate`` is set, so it is still pending at the 150 ms exec deadline.
+    The gates open at teardown."""
+    gates: list[threading.Event] = []
+
+    def make(read_only: bool = False) -> tuple[CodeMode, threading.Event]:
+        gate = threading.Event()
+        gates.append(gate)
+        cm = make_codemode({"workers": 1, "timeoutMs": 150})
+
+        @cm.tool(owner="slow", read_only=read_only)
+        async def slow_fetch(key: str) -> str:
+            while not gate.is_set():
+                await asyncio.sleep(0.005)
+            return f"fetched {key}"
+
+        registration = NamespaceRegistration(
+            id="slow-ns",
+            global_name="Slow",
+            description="Slow helpers.",
+            required_tool_names=("slow_fetch",),
+            create_scope=lambda ctx: {"fetch": namespace_tool("slow_fetch", lambda args: {"key": args[0]})},
+        )
+        cm.register_namespace("slow", registration)
+        return cm, gate
+
+    yield make
+    for gate in gates:
+        gate.set()

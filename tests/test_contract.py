@@ -5,14 +5,11 @@ unknown one is told, and what a `waiting` result says of its pending calls."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import typing
 from typing import Any
 
 import pytest
 from codemode import CodeMode, _engine, protocol
-from codemode.namespaces import NamespaceRegistration, namespace_tool
 from codemode.session import EXEC_PREAMBLE
 from codemode.surfaces import strict_problem, to_openai
 from mcp_servers import everything_server
@@ -222,27 +219,9 @@ def test_the_bridge_method_names_are_one_list_on_both_sides():
 
 
 @pytest.fixture
-def gated(make_codemode):
-    """A tool (and a namespace over it) that answers only once ``gate`` is set."""
-    gate = threading.Event()
-    cm = make_codemode({"workers": 1, "timeoutMs": 150})
-
-    @cm.tool(owner="slow", read_only=True)
-    async def slow_fetch(key: str) -> str:
-        while not gate.is_set():
-            await asyncio.sleep(0.005)
-        return f"fetched {key}"
-
-    registration = NamespaceRegistration(
-        id="slow-ns",
-        global_name="Slow",
-        description="Slow helpers.",
-        required_tool_names=("slow_fetch",),
-        create_scope=lambda ctx: {"fetch": namespace_tool("slow_fetch", lambda args: {"key": args[0]})},
-    )
-    cm.register_namespace("slow", registration)
-    yield cm, gate
-    gate.set()
+def gated(gated_namespace):
+    """A read-only tool (and a namespace over it) that answers only once ``gate`` is set."""
+    return gated_namespace(read_only=True)
 
 
 def test_pending_calls_name_their_bridge_method(gated):

@@ -9,7 +9,6 @@ trace, telemetry), catchable failures, suspension through ``wait``, and cleanup 
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any
 
 import pytest
@@ -481,30 +480,8 @@ def test_restart_safe_run_allows_a_namespace_call_to_a_read_only_tool(ns):
 # ---- suspension ------------------------------------------------------------------------------------
 
 
-def gated_codemode(make_codemode) -> tuple[CodeMode, threading.Event]:
-    """A namespace whose call waits for ``gate`` (so it is still pending at the exec deadline)."""
-    gate = threading.Event()
-    cm = make_codemode({"workers": 1, "timeoutMs": 150})
-
-    @cm.tool(owner="slow")
-    async def slow_fetch(key: str) -> str:
-        while not gate.is_set():
-            await asyncio.sleep(0.005)
-        return f"fetched {key}"
-
-    registration = NamespaceRegistration(
-        id="slow-ns",
-        global_name="Slow",
-        description="Slow helpers.",
-        required_tool_names=("slow_fetch",),
-        create_scope=lambda ctx: {"fetch": namespace_tool("slow_fetch", lambda args: {"key": args[0]})},
-    )
-    cm.register_namespace("slow", registration)
-    return cm, gate
-
-
-def test_suspended_namespace_call_resumes_through_wait(make_codemode):
-    cm, gate = gated_codemode(make_codemode)
+def test_suspended_namespace_call_resumes_through_wait(gated_namespace):
+    cm, gate = gated_namespace()
     session = cm.session("slow")
     waiting = session.exec({"code": "const v = await Slow.fetch('k'); return v + '!'"})
     assert waiting["status"] == "waiting", waiting
@@ -514,8 +491,8 @@ def test_suspended_namespace_call_resumes_through_wait(make_codemode):
     assert (done["status"], done.get("value")) == ("completed", "fetched k!")
 
 
-def test_pending_namespace_call_names_its_catalog_tool(make_codemode):
-    cm, gate = gated_codemode(make_codemode)
+def test_pending_namespace_call_names_its_catalog_tool(gated_namespace):
+    cm, gate = gated_namespace()
     session = cm.session("slow")
     waiting = session.exec({"code": "return await Slow.fetch('k')"})
     try:
@@ -568,7 +545,6 @@ def test_cleared_global_name_can_be_registered_again(make_codemode):
 
 def test_host_refuses_forged_namespace_paths_even_if_a_frame_carries_one():
     """Defence in depth: a worker frame is untrusted, so the dispatcher checks paths itself."""
-    import asyncio
 
     from codemode.tools import NAMESPACE_TOOL, CatalogView, Dispatcher
 
