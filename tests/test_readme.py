@@ -24,3 +24,11 @@ def test_readme_concurrency_example_runs_as_written():
     example = re.search(r"```python\n(.*?)```", section, re.S)
     assert example is not None, "the README lost its concurrency example"
     exec(compile(example.group(1), "README.md", "exec"), {})
+
+
+def test_readme_long_output_example_runs_as_written():
+    text = README.read_text()
+    section = text[text.index("### Long outputs") :]
+    example = re.search(r"```python\n(.*?)```", section, re.S)
+    assert example is not None, "the README lost its long-output example"
+    exec(compile(example.group(1), "README.md", "exec"), {})

@@ -32,6 +32,9 @@ BOUNDS: dict[str, tuple[int, int]] = {
     "max_suspended_runs_per_session": (1, 64),
     "max_journal_bytes": (64 << 10, 32 << 20),
     "workers": (0, 256),
+    "output_store_bytes": (0, 1 << 30),
+    "output_store_total_bytes": (1 << 20, 64 << 30),
+    "output_store_ttl_seconds": (1, 86_400),
 }
 
 
@@ -67,6 +70,13 @@ class CodeModeConfig(msgspec.Struct, rename="camel", forbid_unknown_fields=True,
     #: memory a run costs besides its runtime, and what a replay sends in one frame. A result
     #: past it fails that call. A suspended run counts it in ``maxSnapshotBytes`` too.
     max_journal_bytes: int = 16 << 20
+    #: Host memory the full texts of one session's cut outputs may take (`codemode.outputs`;
+    #: 0 keeps none): past it, the session's least recently read text is forgotten.
+    output_store_bytes: int = 4 << 20
+    #: The same for every session together: past it, the oldest text of any session goes.
+    output_store_total_bytes: int = 64 << 20
+    #: A kept text is forgotten this long after it was kept.
+    output_store_ttl_seconds: int = 900
     #: MCP servers, in the format MCP clients use: ``{"time": {"command": ..., "args": [...]},
     #: "docs": {"url": ...}}``. Their tools join the catalog as ``mcp:<server>:<tool>``.
     mcp_servers: dict[str, Any] = msgspec.field(default_factory=dict)

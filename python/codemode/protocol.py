@@ -126,7 +126,7 @@ FailureCode = Literal["invalid_input", "timeout", "output_limit_exceeded", "memo
 OutputKind = Literal[0, 1, 2, 3, 4, 5, 6]
 #: The guest API that started a call: ``CallMethod`` in engine.rs (``_engine.CALL_METHODS``,
 #: pinned equal by a test), so a frame naming any other is refused.
-CallMethod = Literal["callValue", "call", "namespace", "mcp", "yield_control"]
+CallMethod = Literal["callValue", "call", "namespace", "mcp", "yield_control", "readOutput"]
 #: A call as a report carries it: ``(call_id, tool, input, method)``; a replay's report has the
 #: input's `input_hash` in place of the input.
 Call = tuple[int, str, str, CallMethod]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import functools
 import inspect
 import itertools
 import logging
@@ -29,6 +30,7 @@ from .catalog import quick_index
 from .config import BOUNDS, CodeModeConfig, load_config
 from .errors import ClosedError, CodemodeError, ConfigError, ToolDefinitionError
 from .namespaces import NamespaceRegistration, Namespaces
+from .outputs import DEFAULT_READ_CHARS, OutputStore
 from .policy import Approver, Hook, Policy, ToolCallEvent, Trace, TraceEvent
 from .protocol import Configure, EngineLimits, bounded_bytes, utf8_len
 from .runs import Journal, Run, RunLookupError, RunTable, Scope, Step, journal_size, new_run_id
@@ -150,7 +152,7 @@ class Waiting(msgspec.Struct, tag="waiting", tag_field="status", omit_defaults=T
 Result = Completed | Failed | Waiting
 
 
-def _outputs(raw: list[tuple[int, Any]], max_chars: int | None = None) -> list[Output]:
+def _outputs(raw: list[tuple[int, Any]]) -> list[Output]:
     """The spec's outputs from a run's ``(kind, text)`` list (kind 1 already decoded)."""
     out: list[Output] = []
     for kind, text in raw:
@@ -161,13 +163,41 @@ def _outputs(raw: list[tuple[int, Any]], max_chars: int | None = None) -> list[O
             out.append(ImageOutput(mime, data))
         else:
             out.append(TextOutput(text))  # console lines carry their prefix from the engine
-    return out if max_chars is None else _truncate(out, max_chars)
+    return out
 
 
-def _truncate(outputs: list[Output], budget: int) -> list[Output]:
+#: Keeps a cut's full text for the run's session; gives its handle, or None if it is not kept.
+Keep = Callable[[str], str | None]
+#: A value with no more JSON than this is never cut (a cut note is longer) and leaves the text
+#: outputs the whole budget.
+SMALL_VALUE_CHARS = 256
+#: What a cut note calls a cut value.
+_VALUE_CUT = "the value's JSON"
+
+
+def _cut(outputs: list[Output], value: Any, budget: int, keep: Keep) -> tuple[list[Output], Any]:
+    """``outputs`` and ``value`` within a text budget of ``budget`` characters (``// @options:
+    {"max_output_tokens": N}``, ~4 characters a token). A value whose JSON is over
+    ``SMALL_VALUE_CHARS`` keeps what the text outputs leave, and at least half the budget; the
+    text outputs keep the rest. What is cut is kept in full (`_cut_note`)."""
+    value_json = msgspec.json.encode(value).decode()
+    if len(value_json) <= SMALL_VALUE_CHARS:
+        return _truncate(outputs, budget, keep), value
+    text_chars = sum(len(o.text) for o in outputs if isinstance(o, TextOutput))
+    value_share = min(len(value_json), max(budget - text_chars, budget // 2))
+    outputs = _truncate(outputs, budget - value_share, keep)
+    if len(value_json) > value_share:
+        note = _cut_note(len(value_json) - value_share, _VALUE_CUT, value_json, keep)
+        head = value_share // 2
+        value = value_json[:head] + note + value_json[len(value_json) - (value_share - head) :]
+    return outputs, value
+
+
+def _truncate(outputs: list[Output], budget: int, keep: Keep) -> list[Output]:
     """Keeps the head and the tail of the text outputs within ``budget`` characters and says
-    what was cut in between (``// @options: {"max_output_tokens": N}``; ~4 characters a token)."""
-    total = sum(len(o.text) for o in outputs if isinstance(o, TextOutput))
+    what was cut in between, naming where their full text is kept."""
+    texts = [o.text for o in outputs if isinstance(o, TextOutput)]
+    total = sum(len(text) for text in texts)
     if total <= budget:
         return outputs
     head_left, tail_left = budget // 2, budget - budget // 2
@@ -184,8 +214,19 @@ def _truncate(outputs: list[Output], budget: int) -> list[Output]:
             piece = output.text[-tail_left:]
             kept_tail.insert(0, TextOutput(piece))
             tail_left -= len(piece)
-    note = TextOutput(f"[… {total - budget} characters of output cut by max_output_tokens …]")
+    note = TextOutput(_cut_note(total - budget, "output", "\n".join(texts), keep))
     return [*kept_head, note, *kept_tail]
+
+
+def _cut_note(cut: int, what: str, full: str, keep: Keep) -> str:
+    """What a cut says: how much it left out, and how to read ``full`` (the text outputs joined
+    by newlines, or the value's JSON) back, unless it could not be kept."""
+    handle = keep(full)
+    if handle is None:
+        return f"[… {cut} characters of {what} cut by max_output_tokens …]"
+    read = f'await readOutput("{handle}", {{offset: 0, limit: {DEFAULT_READ_CHARS}}})'
+    name = "JSON" if what == _VALUE_CUT else "text"
+    return f"[… {cut} characters of {what} cut by max_output_tokens; full {name} ({len(full)} characters): {read} …]"
 
 
 _PRAGMA = re.compile(r"^\s*//\s*@(options|exec):(.*)$")
@@ -315,6 +356,10 @@ class CodeMode:
         self._sweeper: threading.Thread | None = None
         self._sweep_stop = threading.Event()
         self._host_catalog: tuple[str, Catalog] | None = None
+        #: Full texts of cut outputs, per session, in memory only (`codemode.outputs`).
+        self._output_store = OutputStore(
+            self.config.output_store_bytes, self.config.output_store_total_bytes, self.config.output_store_ttl_seconds
+        )
 
     # ---- MCP -----------------------------------------------------------------------------------
     def add_mcp_server(self, name: str, config: Mapping[str, Any]) -> None:
@@ -682,6 +727,11 @@ class CodeMode:
         """Exported trace events: code-mode calls and the nested tool calls under them."""
         return self._trace.export(session_id)
 
+    def kept_output_bytes(self, session_id: str | None = None) -> int:
+        """Host memory the full texts of cut outputs take now (``readOutput``; see
+        ``codemode.outputs``), for one session or for all."""
+        return self._output_store.used(session_id)
+
     def _configuration(self) -> tuple[Configure, CatalogView]:
         view = self._registry.view(self._policy)
         with self._configure_lock:
@@ -720,6 +770,7 @@ class CodeMode:
         self._supervisor.close()
         self._loop.close()
         self._store.close()
+        self._output_store.clear()
 
     def __enter__(self) -> CodeMode:
         return self
@@ -929,6 +980,7 @@ class CodeMode:
         dispatcher = Dispatcher(
             view,
             loop,
+            outputs=self._output_store,
             session_id=session_id,
             gate=self._gate,
             read_only=restart_safe,
@@ -1010,8 +1062,17 @@ class CodeMode:
         )
         return result
 
+    def _shown(self, run: Run, step: Step) -> tuple[list[Output], Any]:
+        """The outputs and value a result shows: with a text budget, cut to it (`_cut`), the
+        full texts of the cuts kept for the run's session."""
+        output = _outputs(step.outputs)
+        if run.output_chars is None:
+            return output, step.value
+        value = step.value if step.status == "completed" else None
+        return _cut(output, value, run.output_chars, functools.partial(self._output_store.keep, run.scope[0]))
+
     def _result(self, run: Run, step: Step, telemetry: Telemetry) -> Result:
-        output = _outputs(step.outputs, run.output_chars)
+        output, value = self._shown(run, step)
         if step.status == "suspended":
             overrun = run.snapshot_overrun(self.config.max_snapshot_bytes)
             if overrun is not None:
@@ -1042,7 +1103,7 @@ class CodeMode:
                     return Failed(error=f"store commit failed: {e}", code="internal_error", telemetry=telemetry)
                 if self._store_cache is not None:
                     self._store_cache[run.store_key] = self._store.snapshot(*run.store_key)
-            return Completed(value=step.value, telemetry=telemetry, output=output)
+            return Completed(value=value, telemetry=telemetry, output=output)
         code_, name, message, _stack = step.failure or ("internal_error", "Error", "unknown failure", "")
         error = message if code_ is not None else (f"{name}: {message}" if message else name)
         # One budget: the error gets what the outputs left of maxOutputBytes (at least a line).
@@ -1128,6 +1189,7 @@ class CodeMode:
         dispatcher = Dispatcher(
             view,
             self._loop.get,
+            outputs=self._output_store,
             session_id=session_id,
             gate=self._gate,
             read_only=True,
@@ -1195,9 +1257,11 @@ class Session:
         return self.codemode.cancel(self.scope, run_id)
 
     def close(self) -> None:
-        """Aborts every suspended run of this session."""
+        """Aborts every suspended run of this session and forgets the full texts of its cut
+        outputs (those of every agent run of its session id)."""
         for run in self.codemode._runs.of_scope(self.scope):
             self.codemode.cancel(self.scope, run.run_id)
+        self.codemode._output_store.drop(self.session_id)
 
     def model_tools(
         self, surface: Surface = "code", *, disable_tools: bool = False, likely: str | None = None

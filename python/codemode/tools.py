@@ -30,6 +30,7 @@ from .errors import ToolDefinitionError
 from .hotloop import HotLoop
 from .mcp_api import MCP_OPS, check_op_input, declarations, mcp_names, op_id, op_name, tool_declaration, with_defaults
 from .namespaces import CallTable
+from .outputs import OutputStore, read_call
 from .policy import Approver, Block, Hook, HookResult, Policy, Rewrite, ToolCallEvent, Trace, TraceEvent
 from .protocol import too_heavy, utf8_len
 
@@ -56,6 +57,8 @@ CONTROL_TOOLS = frozenset({"exec", "wait", "tool_search_code", "tool_search", "t
 #: The tool ids namespace and ``MCP.*`` calls arrive under (see prelude.js).
 NAMESPACE_TOOL = "\x00ns"
 MCP_TOOL = "\x00mcp"
+#: The tool id ``readOutput(handle, {offset, limit})`` calls arrive under (`codemode.outputs`).
+OUTPUT_TOOL = "\x00out"
 McpOps = Callable[[str, str, Any], Awaitable[Any]]
 LoopRef = Callable[[], asyncio.AbstractEventLoop]
 _encode = msgspec.json.encode
@@ -620,6 +623,7 @@ class Dispatcher:
         view: CatalogView,
         loop: Callable[[], asyncio.AbstractEventLoop],
         *,
+        outputs: OutputStore | None = None,
         session_id: str = "",
         gate: Gate | None = None,
         read_only: bool = False,
@@ -627,6 +631,8 @@ class Dispatcher:
         mcp_ops: McpOps | None = None,
     ) -> None:
         self.view = view
+        #: Where `readOutput` reads this session's cut outputs (none: it knows no handle).
+        self._outputs = outputs
         self._namespace_calls = namespace_calls or {}
         #: Resource and prompt requests of `MCP.<server>.resources/prompts` (no catalog tool).
         self._mcp_ops = mcp_ops
@@ -711,6 +717,9 @@ class Dispatcher:
 
     def _plan(self, call_id: int, tool_id: str, input_json: str) -> _Plan:
         """How one call starts (nothing is started or recorded here); `submit` guards it."""
+        if tool_id == OUTPUT_TOOL:  # `readOutput`: answered here, from this session's outputs
+            ok, payload = read_call(self._outputs, self.session_id, input_json)
+            return _Plan("readOutput", lambda: (call_id, ok, payload))
         heavy = too_heavy(input_json)
         if heavy is not None:  # weighed before it is decoded
             return self._answer(call_id, None, f"{_subject(tool_id)}: input is too heavy for the host: {heavy}")

@@ -264,12 +264,20 @@ pub enum CallMethod {
     Mcp,
     /// `yield_control(reason)`.
     Yield,
+    /// `readOutput(handle, {offset, limit})`: a cut output's full text, kept by the host.
+    ReadOutput,
 }
 
 impl CallMethod {
     /// Every method, in the order `CALL_METHODS` lists them.
-    pub const ALL: [CallMethod; 5] =
-        [CallMethod::CallValue, CallMethod::Call, CallMethod::Namespace, CallMethod::Mcp, CallMethod::Yield];
+    pub const ALL: [CallMethod; 6] = [
+        CallMethod::CallValue,
+        CallMethod::Call,
+        CallMethod::Namespace,
+        CallMethod::Mcp,
+        CallMethod::Yield,
+        CallMethod::ReadOutput,
+    ];
 
     /// The name the prelude passes and the host reports.
     pub fn as_str(self) -> &'static str {
@@ -279,6 +287,7 @@ impl CallMethod {
             CallMethod::Namespace => "namespace",
             CallMethod::Mcp => "mcp",
             CallMethod::Yield => "yield_control",
+            CallMethod::ReadOutput => "readOutput",
         }
     }
 

@@ -177,6 +177,7 @@
   const VIA_NAMESPACE = "namespace";
   const VIA_MCP = "mcp";
   const VIA_YIELD = "yield_control";
+  const VIA_OUTPUT = "readOutput";
 
   // `id` is a catalog id or an exact, unambiguous tool name (the host resolves it).
   function callTool(helper, via, id, input) {
@@ -533,7 +534,16 @@
     return hostCall(YIELD_TOOL, toJson(reason === undefined ? null : StringCtor(reason)), VIA_YIELD).then(() => undefined);
   }
 
+  // Reads back the full text of a cut output (the cut note names its handle), a piece at a time:
+  // the host answers from what it kept for this session, like a tool result.
+  const OUTPUT_TOOL = "\u0000out";
+  function readOutput(handle, options) {
+    const given = options !== null && typeof options === "object";
+    return hostCall(OUTPUT_TOOL, toJson({ handle, offset: given ? options.offset : undefined, limit: given ? options.limit : undefined }), VIA_OUTPUT);
+  }
+
   ObjectDefineProperty(G, "yield_control", { value: yield_control, enumerable: false });
+  ObjectDefineProperty(G, "readOutput", { value: readOutput, enumerable: false });
   ObjectDefineProperty(G, "text", { value: text, enumerable: false });
   ObjectDefineProperty(G, "json", { value: json, enumerable: false });
   ObjectDefineProperty(G, "console", { value: console, enumerable: false, writable: true, configurable: true });
