@@ -32,3 +32,11 @@ def test_readme_long_output_example_runs_as_written():
     example = re.search(r"```python\n(.*?)```", section, re.S)
     assert example is not None, "the README lost its long-output example"
     exec(compile(example.group(1), "README.md", "exec"), {})
+
+
+def test_readme_approval_example_runs_as_written():
+    text = README.read_text()
+    section = text[text.index("### Approvals that pause a run") :]
+    example = re.search(r"```python\n(.*?)```", section, re.S)
+    assert example is not None, "the README lost its approval example"
+    exec(compile(example.group(1), "README.md", "exec"), {})

@@ -16,8 +16,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .approvals import ApprovalRequest
     from .config import CodeModeConfig, load_config
     from .errors import (
+        ApprovalError,
         ClosedError,
         CodemodeError,
         ConfigError,
@@ -26,12 +28,15 @@ if TYPE_CHECKING:
         WorkerCrashed,
         WorkerUnavailable,
     )
+    from .policy import Block, Defer, Rewrite
     from .session import CodeMode, Completed, Failed, JsonOutput, Result, Session, Telemetry, TextOutput, Waiting
     from .tools import Tool
 
 _HOME = {
+    "ApprovalRequest": "approvals",
     "CodeModeConfig": "config",
     "load_config": "config",
+    "ApprovalError": "errors",
     "ClosedError": "errors",
     "CodemodeError": "errors",
     "ConfigError": "errors",
@@ -39,6 +44,9 @@ _HOME = {
     "ToolDefinitionError": "errors",
     "WorkerCrashed": "errors",
     "WorkerUnavailable": "errors",
+    "Block": "policy",
+    "Defer": "policy",
+    "Rewrite": "policy",
     "CodeMode": "session",
     "Completed": "session",
     "Failed": "session",
@@ -52,16 +60,21 @@ _HOME = {
 }
 
 __all__ = [
+    "ApprovalError",
+    "ApprovalRequest",
+    "Block",
     "ClosedError",
     "CodeMode",
     "CodeModeConfig",
     "CodemodeError",
     "Completed",
     "ConfigError",
+    "Defer",
     "Failed",
     "JsonOutput",
     "ProtocolError",
     "Result",
+    "Rewrite",
     "Session",
     "Telemetry",
     "TextOutput",

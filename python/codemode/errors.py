@@ -8,6 +8,7 @@ host must know about.
 from __future__ import annotations
 
 __all__ = [
+    "ApprovalError",
     "ClosedError",
     "CodemodeError",
     "ConfigError",
@@ -28,6 +29,11 @@ class ConfigError(CodemodeError, ValueError):
 
 class ToolDefinitionError(CodemodeError, ValueError):
     """A tool could not be registered (bad name, duplicate id, not callable)."""
+
+
+class ApprovalError(CodemodeError, LookupError):
+    """``approve`` named a run or call that awaits no decision: unknown, expired, another
+    session's, not waiting for an approval, or decided already."""
 
 
 class ClosedError(CodemodeError):

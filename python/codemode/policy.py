@@ -7,6 +7,10 @@ callback can refuse it. Blocked calls reach the guest as plain errors that say s
 tool calls: those answer as MCP tools report a failure, ``{content: [{type: "text", text:
 <reason>}], isError: true}`` (the reference's shape), and the tool does not run.
 
+An approval may also come *later*: the callback answers ``Defer()``, or a call matches
+``Policy.approve`` (or its tool says ``requires_approval``) with no callback to ask. The call then
+waits for the host's ``Session.approve`` and its run suspends meanwhile (see `approvals`).
+
 Every MCP path passes the gate. ``MCP.<server>.resources.list/read`` and ``prompts.list/get`` are
 no catalog tools, but patterns, hooks and approvals see them as ``mcp:<server>:resources/list``
 (name ``resources/list``, the MCP method; owner the server; see `mcp_api.op_id`), so
@@ -24,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["Block", "Policy", "Rewrite", "ToolCallEvent", "Trace", "TraceEvent"]
+__all__ = ["Block", "Defer", "Policy", "Rewrite", "ToolCallEvent", "Trace", "TraceEvent"]
 
 
 class ToolCallEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -59,28 +63,44 @@ class Rewrite(msgspec.Struct, frozen=True):
     input: Any
 
 
+class Defer(msgspec.Struct, frozen=True):
+    """Returned by an approval callback: no answer yet. The call waits for
+    ``Session.approve(run_id, call_id, ok)``, its run suspends as ``waiting`` meanwhile, and its
+    entry in ``pendingToolCalls`` shows ``input`` (the call's input if not given: give less to
+    keep a secret out of what the model and the host's UI see)."""
+
+    input: Any = msgspec.UNSET
+
+
 HookResult = Block | Rewrite | None
 Hook = Callable[[ToolCallEvent], HookResult | Awaitable[HookResult]]
-Approver = Callable[[ToolCallEvent], bool | Awaitable[bool]]
+Approval = bool | Defer
+Approver = Callable[[ToolCallEvent], Approval | Awaitable[Approval]]
 
 
 class Policy(msgspec.Struct, frozen=True):
-    """Allow and deny patterns over tool names and ids (``fnmatch`` globs); deny wins."""
+    """Allow and deny patterns over tool names and ids (``fnmatch`` globs); deny wins. Calls
+    matching ``approve`` wait for an approval (the callback's, or ``Session.approve``)."""
 
     allow: tuple[str, ...] | None = None
     deny: tuple[str, ...] = ()
+    approve: tuple[str, ...] = ()
 
     @staticmethod
-    def of(allow: Iterable[str] | None, deny: Iterable[str]) -> Policy:
-        return Policy(None if allow is None else tuple(allow), tuple(deny))
+    def of(allow: Iterable[str] | None, deny: Iterable[str], approve: Iterable[str] = ()) -> Policy:
+        return Policy(None if allow is None else tuple(allow), tuple(deny), tuple(approve))
 
     def permits(self, tool_id: str, name: str) -> bool:
-        def hit(patterns: Iterable[str]) -> bool:
-            return any(fnmatch.fnmatchcase(tool_id, p) or fnmatch.fnmatchcase(name, p) for p in patterns)
-
-        if hit(self.deny):
+        if _hit(self.deny, tool_id, name):
             return False
-        return self.allow is None or hit(self.allow)
+        return self.allow is None or _hit(self.allow, tool_id, name)
+
+    def needs_approval(self, tool_id: str, name: str) -> bool:
+        return _hit(self.approve, tool_id, name)
+
+
+def _hit(patterns: Iterable[str], tool_id: str, name: str) -> bool:
+    return any(fnmatch.fnmatchcase(tool_id, p) or fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
 class TraceEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, rename="camel"):

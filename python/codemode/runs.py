@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_SUSPENDED_RUNS",
     "Journal",
+    "JournalApproval",
     "JournalCall",
     "Phase",
     "Run",
@@ -78,6 +79,13 @@ class JournalCall(msgspec.Struct, array_like=True, frozen=True):
     method: CallMethod
 
 
+class JournalApproval(msgspec.Struct, array_like=True, frozen=True):
+    """The host's decision on a call that waited for approval (see `approvals`)."""
+
+    ok: bool
+    reason: str = ""
+
+
 class Journal(msgspec.Struct, kw_only=True):
     """Everything needed to re-execute a run deterministically; portable bytes (msgpack)."""
 
@@ -100,6 +108,9 @@ class Journal(msgspec.Struct, kw_only=True):
     #: Inputs of calls still in flight at suspension (JSON text), so another process can redo
     #: them; only restart-safe runs (read-only tools) may.
     open_inputs: dict[int, str] = msgspec.field(default_factory=dict)
+    #: Decisions on calls that waited for approval, by call id: a call decided once is never
+    #: put to the approval callback again, and a rejected one never runs.
+    approvals: dict[int, JournalApproval] = msgspec.field(default_factory=dict)
 
     def settled_ids(self) -> set[int]:
         return {call_id for batch in self.batches for call_id, _, _ in batch}
@@ -254,14 +265,21 @@ class Run:
     def pending_calls(self) -> list[dict[str, Any]]:
         """The spec's ``pendingToolCalls``: calls made and not yet settled, oldest first, each
         with the tool it resolved to and the bridge method that started it (``callValue``,
-        ``call``, ``namespace``, ``mcp``)."""
+        ``call``, ``namespace``, ``mcp``). A call that waits for the host's approval says so
+        (``approval``: ``pending``, or the decision the next ``wait`` acts on) with the
+        ``input`` the gate shows."""
         settled = self.journal.settled_ids()
         resolved = self.dispatcher.resolved
-        return [
-            {"id": f"call_{c.id}", "toolId": resolved.get(c.id, c.tool), "method": c.method}
-            for c in self.journal.calls
-            if c.id not in settled and c.id not in self.yields
-        ]
+        approvals = self.dispatcher.approvals
+        entries = []
+        for c in self.journal.calls:
+            if c.id in settled or c.id in self.yields:
+                continue
+            entry: dict[str, Any] = {"id": f"call_{c.id}", "toolId": resolved.get(c.id, c.tool), "method": c.method}
+            if approvals:
+                entry.update(approvals.entry(c.id) or {})
+            entries.append(entry)
+        return entries
 
 
 class RunLookupError(Exception):

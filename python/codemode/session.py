@@ -26,14 +26,15 @@ import msgspec
 
 from . import _engine, catalog, semantic
 from ._engine import Catalog
+from .approvals import ApprovalRequest, Approvals, call_number
 from .catalog import quick_index
 from .config import BOUNDS, CodeModeConfig, load_config
-from .errors import ClosedError, CodemodeError, ConfigError, ToolDefinitionError
+from .errors import ApprovalError, ClosedError, CodemodeError, ConfigError, ToolDefinitionError
 from .namespaces import NamespaceRegistration, Namespaces
 from .outputs import DEFAULT_READ_CHARS, OutputStore
 from .policy import Approver, Hook, Policy, ToolCallEvent, Trace, TraceEvent
 from .protocol import Configure, EngineLimits, bounded_bytes, utf8_len
-from .runs import Journal, Run, RunLookupError, RunTable, Scope, Step, journal_size, new_run_id
+from .runs import FOREIGN, UNAVAILABLE, Journal, Run, RunLookupError, RunTable, Scope, Step, journal_size, new_run_id
 from .store import Store, StoreError, StoreLimitError, open_store
 from .supervisor import Supervisor
 from .surfaces import SURFACES, ModelTool, Surface, control_tools, directory_listing, payload_bytes
@@ -64,6 +65,8 @@ LIKELY_SCHEMAS = 3
 #: The longest cell source accepted, in characters: a model writes cells of a few KB; a bigger
 #: one is refused before it reaches a worker (and is one frame, under its cap, if it does).
 MAX_SOURCE_CHARS = 1 << 20
+#: Characters of the reason a host gives when it rejects a call (it reaches the guest).
+MAX_REASON_CHARS = 1000
 #: What a failed run's error keeps when its outputs used up maxOutputBytes: enough to say why.
 MIN_ERROR_BYTES = 256
 #: The lower bound of a `tool_search_code` cell's timeout (seed 001).
@@ -268,6 +271,8 @@ def _journal_problem(journal: Journal, config: CodeModeConfig) -> str | None:
     size = journal_size(journal)
     if size > config.max_journal_bytes:
         return f"it holds {size} bytes of results; maxJournalBytes is {config.max_journal_bytes}"
+    if journal.approvals:
+        return "it holds approvals, which no restartSafe run can wait for"
     made = {call.id for call in journal.calls}
     if len(made) != len(journal.calls) or not journal.settled_ids() <= made or not set(journal.open_inputs) <= made:
         return "its calls and results do not match"
@@ -301,7 +306,10 @@ class CodeMode:
 
     ``allow``/``deny`` are ``fnmatch`` patterns over tool names and ids (deny wins): denied tools
     never enter a run's catalog. ``before_tool_call(event)`` may return ``Block(reason)`` or
-    ``Rewrite(input)``; ``approve(event)`` may refuse a call. Both may be ``async``. Close the
+    ``Rewrite(input)``; ``approve(event)`` may refuse a call, or answer ``Defer()`` to decide
+    later (``Session.approve``; the run suspends meanwhile). Both may be ``async``. Calls matching
+    ``require_approval`` patterns (or of a tool defined with ``requires_approval=True``) wait for
+    an approval: the callback's, or with none, the host's ``Session.approve``. Close the
     ``CodeMode`` when done (``with``/``async with``).
     """
 
@@ -313,6 +321,7 @@ class CodeMode:
         deny: Iterable[str] = (),
         before_tool_call: Hook | None = None,
         approve: Approver | None = None,
+        require_approval: Iterable[str] = (),
         store: Store | str | os.PathLike[str] | None = None,
     ) -> None:
         self.config = load_config(config)
@@ -336,7 +345,7 @@ class CodeMode:
         self._store_cache: dict[tuple[str, str], dict[str, str]] | None = {} if store is None else None
         self._registry = ToolRegistry()
         self._namespaces = Namespaces()
-        self._policy = Policy.of(allow, deny)
+        self._policy = Policy.of(allow, deny, require_approval)
         self._trace = Trace()
         self._gate = Gate(before_tool_call, approve, self._trace)
         self._loop = BackgroundLoop()
@@ -353,6 +362,9 @@ class CodeMode:
             max_journal_bytes=self.config.max_journal_bytes,
         )
         self._runs = RunTable(self.config.snapshot_ttl_seconds, per_session=self.config.max_suspended_runs_per_session)
+        #: Every run not yet retired, by id: a host's approval may come while its run still
+        #: executes, before it is filed as suspended.
+        self._live: dict[str, Run] = {}
         self._sweeper: threading.Thread | None = None
         self._sweep_stop = threading.Event()
         self._host_catalog: tuple[str, Catalog] | None = None
@@ -522,6 +534,7 @@ class CodeMode:
         source: Literal["host", "client", "mcp"] = "host",
         label: str | None = None,
         read_only: bool = False,
+        requires_approval: bool = False,
         direct_only: bool = False,
         input_schema: dict[str, Any] | None = None,
         output_schema: dict[str, Any] | None = None,
@@ -562,9 +575,11 @@ class CodeMode:
         """Removes the namespaces of a plugin that was disabled, unloaded or rolled back."""
         return self._namespaces.clear(plugin_id)
 
-    def set_policy(self, *, allow: Iterable[str] | None = None, deny: Iterable[str] = ()) -> None:
+    def set_policy(
+        self, *, allow: Iterable[str] | None = None, deny: Iterable[str] = (), require_approval: Iterable[str] = ()
+    ) -> None:
         """Replaces the allow/deny patterns for runs started from now on."""
-        self._policy = Policy.of(allow, deny)
+        self._policy = Policy.of(allow, deny, require_approval)
 
     def catalog(self) -> CatalogView:
         """The catalog a run would get now (policy applied, direct-only tools left out)."""
@@ -767,6 +782,7 @@ class CodeMode:
             self._mcp.close()
         for run in self._runs.drain():
             run.dispatcher.close()
+        self._live.clear()
         self._supervisor.close()
         self._loop.close()
         self._store.close()
@@ -986,8 +1002,10 @@ class CodeMode:
             read_only=restart_safe,
             namespace_calls=namespace_calls,
             mcp_ops=self._mcp_op if self._mcp is not None else None,
+            approvals=Approvals(journal.approvals),
         )
         run = Run(scope, journal, dispatcher, run_id)
+        self._live[run_id] = run
         run.store_key = (session_id, session.branch)
         dispatcher.parent = f"exec_{next(self._call_ids)}"
         if options.max_output_tokens is not None:
@@ -1117,13 +1135,53 @@ class CodeMode:
     def _retire(self, run: Run) -> None:
         """A run is over (or abandoned): leave the table, free its runtime, cancel its tools."""
         self._runs.remove(run)
-        self._supervisor.drop(run)
-        run.dispatcher.close()
+        self._end_run(run)
 
     def _sweep(self) -> None:
         for run in self._runs.expired():
-            self._supervisor.drop(run)
-            run.dispatcher.close()
+            self._end_run(run)
+
+    def _end_run(self, run: Run) -> None:
+        """Frees what a run out of the table still holds: its runtime, its tools, its approvals."""
+        self._live.pop(run.run_id, None)
+        self._supervisor.drop(run)
+        run.dispatcher.close()
+        run.dispatcher.approvals.clear()
+
+    # ---- approvals -------------------------------------------------------------------------------
+    def approve(
+        self, session_id: str | Scope, run_id: str, call_id: str | int, ok: bool = True, *, reason: str | None = None
+    ) -> None:
+        """Decides on a call that waits for approval (``pendingToolCalls`` entries with
+        ``approval: "pending"``): ``ok`` runs it, else the guest's call fails saying it was not
+        approved (with ``reason``). A run in an ``exec``/``wait`` acts on it at once, a
+        suspended one with its next ``wait``. ``ApprovalError`` if the run (of this session,
+        or ``(session id, agent run)``) or the call awaits no decision."""
+        scope = (session_id, None) if isinstance(session_id, str) else session_id
+        run = self._live.get(run_id) if isinstance(run_id, str) else None
+        if run is None or run.aborted:
+            raise ApprovalError(UNAVAILABLE)
+        if run.scope != scope:
+            raise ApprovalError(FOREIGN)
+        number = call_number(call_id)
+        if number is None:
+            raise ApprovalError(f"a call id is `call_<n>`, as pendingToolCalls names it, not {call_id!r}")
+        if not isinstance(ok, bool):
+            raise ApprovalError("`ok` must be a bool: True approves the call, False rejects it")
+        text = "" if reason is None else catalog.bounded_text(str(reason), MAX_REASON_CHARS)
+        run.dispatcher.approvals.decide(number, ok, text)
+        self._supervisor.release_decided(run)
+
+    def pending_approvals(self, session_id: str | None = None) -> list[ApprovalRequest]:
+        """The calls that wait for the host's decision (and decided ones not yet acted on), of
+        every session or of one, oldest run first."""
+        requests: list[ApprovalRequest] = []
+        for run in list(self._live.values()):
+            if session_id is not None and run.scope[0] != session_id:
+                continue
+            if run.dispatcher.approvals and not run.aborted:
+                requests.extend(run.dispatcher.approvals.requests(run.scope[0], run.scope[1], run.run_id))
+        return requests
 
     def _start_sweeper(self) -> None:
         """Expires suspended runs on time even when nobody calls (their tool tasks get cancelled)."""
@@ -1208,6 +1266,7 @@ class CodeMode:
         refused = self._runs.suspend(run)
         if refused is not None:
             raise CodemodeError(refused)
+        self._live[run_id] = run
         inline = run.dispatcher.submit(redo)
         if inline is not None:
             inline()
@@ -1255,6 +1314,22 @@ class Session:
     def cancel(self, run_id: str) -> bool:
         """Aborts one of this session's suspended runs and cancels its tool tasks."""
         return self.codemode.cancel(self.scope, run_id)
+
+    def approve(self, run_id: str, call_id: str | int, ok: bool = True, *, reason: str | None = None) -> None:
+        """Decides on a call of one of this session's runs that waits for approval
+        (``CodeMode.approve``): ``ok=False`` rejects it, saying ``reason`` to the guest."""
+        self.codemode.approve(self.scope, run_id, call_id, ok, reason=reason)
+
+    async def approve_async(
+        self, run_id: str, call_id: str | int, ok: bool = True, *, reason: str | None = None
+    ) -> None:
+        """``approve`` from a coroutine (it never blocks: an approved call starts on its own
+        thread or loop)."""
+        self.codemode.approve(self.scope, run_id, call_id, ok, reason=reason)
+
+    def pending_approvals(self) -> list[ApprovalRequest]:
+        """This session's calls (of this agent run) that wait for a decision."""
+        return [r for r in self.codemode.pending_approvals(self.session_id) if r.agent_run == self.agent_run]
 
     def close(self) -> None:
         """Aborts every suspended run of this session and forgets the full texts of its cut

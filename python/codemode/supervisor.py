@@ -453,6 +453,7 @@ class Supervisor:
             if held:
                 # The model has asked the run to go on: calls an advance made start now.
                 out.append(functools.partial(self._submit, run, held))
+            self._release(run, out)  # and calls whose approval the host has decided
             if step.ended or run.phase is Phase.ENDED:
                 # An advance got to where this `wait` would have stopped.
                 if step.status == "suspended":
@@ -629,6 +630,11 @@ class Supervisor:
         if run.phase is Phase.PARKED:
             if run.starting:
                 return READ_TICK_S  # its calls are being started: `_submit` pokes it after
+            if now < step.deadline and _awaits_only_approvals(run):
+                # Nothing the run waits on can come before the host decides: hand the model
+                # back its turn now, not at the deadline (the next `wait` goes on).
+                self._end(run, "suspended", out, reason="pending_tools")
+                return None
             if now >= step.deadline:
                 if run.lent and now < run.lent_at + KILL_GRACE_S:
                     # Sync tools handed to the pool just now: they may answer at once, as they
@@ -819,6 +825,8 @@ class Supervisor:
             self._end(run, "suspended", out, reason="pending_tools")
         elif run.dispatcher.has_ready():
             self._enqueue(run, "settle", out)
+        elif _awaits_only_approvals(run):
+            self._end(run, "suspended", out, reason="pending_tools")
         elif time.monotonic() >= step.deadline:
             # Past the deadline: suspended by its waiter, once its sync tools (which run on
             # the waiter's thread) have had their turn: a guest whose tools answer at once is
@@ -844,6 +852,8 @@ class Supervisor:
         step.deadline += time.monotonic() - inflight.sent
         if run.dispatcher.has_ready():
             self._enqueue(run, "settle", out)
+        elif run.waiter is not None and _awaits_only_approvals(run):
+            self._end(run, "suspended", out, reason="pending_tools")
 
     def _results_ready(self, run: Run) -> None:
         """The dispatcher's listener, on the thread where a result landed: a parked run that
@@ -852,19 +862,48 @@ class Supervisor:
         with self._lock:
             if run.phase is not Phase.PARKED or run.aborted or self._closed:
                 return
-            if run.waiter is None and (
+            if not run.dispatcher.has_ready():
+                # A call was filed for approval: its waiter looks again (`_budget`).
+                if run.waiter is not None:
+                    out.append(run.waiter.poke)
+            elif run.waiter is None and (
                 run.lane is None or run.yields or run.held or run.journal.restart_safe or run.step.ended
             ):
                 return  # suspended: the next `wait` delivers it
-            self._enqueue(run, "settle" if run.lane is not None else "replay", out)
+            else:
+                self._enqueue(run, "settle" if run.lane is not None else "replay", out)
         _run_all(out)
 
-    def _submit(self, run: Run, calls: list[tuple[int, str, str]], counted: bool = False) -> None:
+    def release_decided(self, run: Run) -> None:
+        """The host decided on calls of ``run`` that waited for approval: a run in an
+        ``exec``/``wait`` acts on them now; a suspended one with its next ``wait``."""
+        out: Out = []
+        with self._lock:
+            if run.waiter is not None and not run.aborted:
+                self._release(run, out)
+        _run_all(out)
+
+    def _release(self, run: Run, out: Out) -> None:
+        """Under the lock: starts (outside it) what the host decided on (`approvals`)."""
+        decided = run.dispatcher.approvals.take_decided()
+        if decided:
+            calls = [(call_id, filed.tool_id, "") for call_id, filed, _ in decided]
+            start = functools.partial(run.dispatcher.release, decided)
+            out.append(functools.partial(self._submit, run, calls, start=start))
+
+    def _submit(
+        self,
+        run: Run,
+        calls: list[tuple[int, str, str]],
+        counted: bool = False,
+        start: Callable[[], Callable[[], None] | None] | None = None,
+    ) -> None:
         """Starts a run's calls (outside the lock); its sync tools go to the thread waiting for
         the run when they were quick last time, else to a pool (the waiting thread must be free
-        to end the `exec` at its deadline). ``counted``: in ``run.starting``, which this ends."""
+        to end the `exec` at its deadline). ``counted``: in ``run.starting``, which this ends.
+        ``start``: what starts them, if not `Dispatcher.submit` (calls released by approvals)."""
         try:
-            inline = run.dispatcher.submit(calls)
+            inline = run.dispatcher.submit(calls) if start is None else start()
         except Exception:  # (a bug: the run must still end, not wait on `starting` for good)
             _log.exception("code mode supervisor: starting calls failed")
             inline = None
@@ -1386,6 +1425,18 @@ class Supervisor:
             if run.phase in (Phase.RUNNING, Phase.QUEUED):
                 return "running"
             return "parked"
+
+
+def _awaits_only_approvals(run: Run) -> bool:
+    """Under the lock, for a parked run: every call it has open waits for the host's approval."""
+    approvals = run.dispatcher.approvals
+    if not approvals:
+        return False
+    waiting = approvals.undecided()
+    if not waiting:
+        return False
+    settled = run.journal.settled_ids()
+    return all(c.id in waiting for c in run.journal.calls if c.id not in settled and c.id not in run.yields)
 
 
 def _divergence(expected: list[protocol.Call], got: list[protocol.Call], status: str) -> str:

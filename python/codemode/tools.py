@@ -5,9 +5,9 @@ of the ``exec``/``wait`` that waits for the run (no hop), or, for ``exec_async``
 pool (`supervisor.SYNC_TOOL_THREADS`): never on the thread that reads a worker, so a slow one
 stalls no other run. An ``async def`` tool runs on an event loop: the caller's own loop for
 ``exec_async``, or a private background loop for ``exec``. Every call passes the same gate:
-the run's catalog (policy-filtered), the ``before_tool_call`` hook, the approval callback, then
-the tool, then its output contract. Results cross to the guest as JSON; an exception becomes a
-plain guest ``Error`` carrying only its message.
+the run's catalog (policy-filtered), the ``before_tool_call`` hook, the approval (at once, or
+later: see `approvals`), then the tool, then its output contract. Results cross to the guest as
+JSON; an exception becomes a plain guest ``Error`` carrying only its message.
 """
 
 from __future__ import annotations
@@ -26,12 +26,25 @@ from typing import Any, NamedTuple
 import msgspec
 
 from . import _engine, catalog
+from .approvals import Approvals, FiledCall, shown_input
 from .errors import ToolDefinitionError
 from .hotloop import HotLoop
 from .mcp_api import MCP_OPS, check_op_input, declarations, mcp_names, op_id, op_name, tool_declaration, with_defaults
 from .namespaces import CallTable
 from .outputs import OutputStore, read_call
-from .policy import Approver, Block, Hook, HookResult, Policy, Rewrite, ToolCallEvent, Trace, TraceEvent
+from .policy import (
+    Approval,
+    Approver,
+    Block,
+    Defer,
+    Hook,
+    HookResult,
+    Policy,
+    Rewrite,
+    ToolCallEvent,
+    Trace,
+    TraceEvent,
+)
 from .protocol import too_heavy, utf8_len
 
 __all__ = [
@@ -96,6 +109,8 @@ class Tool(msgspec.Struct, frozen=True, kw_only=True):
     owner: str = "core"
     label: str | None = None
     read_only: bool = False
+    #: Every call waits for an approval (the callback's, or ``Session.approve``).
+    requires_approval: bool = False
     #: Stays a model-visible tool; never enters the code-mode catalog.
     direct_only: bool = False
     input_schema: dict[str, Any] | None = None
@@ -135,6 +150,7 @@ def define_tool(
     source: str = "host",
     label: str | None = None,
     read_only: bool = False,
+    requires_approval: bool = False,
     direct_only: bool = False,
     input_schema: dict[str, Any] | None = None,
     output_schema: dict[str, Any] | None = None,
@@ -187,6 +203,7 @@ def define_tool(
         owner=owner,
         label=catalog.bounded_text(label, catalog.MAX_LABEL_CHARS) if label else label,
         read_only=read_only,
+        requires_approval=requires_approval,
         direct_only=direct_only,
         input_schema=input_schema,
         output_schema=output_schema,
@@ -225,6 +242,14 @@ class CatalogView(msgspec.Struct, frozen=True, dict=True):
     #: The ``resources``/``prompts`` requests the policy permits, per server of ``mcp_servers``
     #: (``resources.list``...; policy names them `mcp_api.op_id`).
     mcp_ops: dict[str, frozenset[str]] = {}
+    #: ``Policy.approve``: patterns of the calls that wait for an approval.
+    approve: tuple[str, ...] = ()
+
+    def needs_approval(self, tool: Tool | _McpRequest) -> bool:
+        """Whether a call of ``tool`` waits for an approval (its own flag, or the policy's)."""
+        if tool.requires_approval:
+            return True
+        return bool(self.approve) and Policy(approve=self.approve).needs_approval(tool.id, tool.name)
 
     @functools.cached_property
     def by_name(self) -> dict[str, list[str]]:
@@ -390,7 +415,9 @@ class ToolRegistry:
             direct = tuple(t.name for t in self._tools.values() if t.direct_only and policy.permits(t.id, t.name))
             reachable = {s: ident for s, ident in names.servers.items() if s not in unavailable}
             permitted = {s: ops[s] for s in reachable}
-            view = CatalogView(tools, catalog_json, fingerprint, counts, direct, reachable, permitted)
+            view = CatalogView(
+                tools, catalog_json, fingerprint, counts, direct, reachable, permitted, approve=policy.approve
+            )
             if len(self._views) > 32:
                 self._views.clear()
             self._views[policy] = (self.version, view)
@@ -468,6 +495,43 @@ class Blocked(Refused):
         self.reason = reason
 
 
+class Deferred(Exception):
+    """The gate has no approval yet: the call waits for the host's (see `approvals`)."""
+
+    def __init__(self, args: Any, shown: Any) -> None:
+        super().__init__("awaiting approval")
+        #: The input the call runs with once approved (the hook's rewrite applied).
+        self.input = args
+        self.shown = shown
+
+
+def _approved(args: Any, answer: Approval) -> Any:
+    """The approval callback's ``answer`` over ``args``: the input to run with; ``Blocked`` if
+    it refused, ``Deferred`` if it answers later."""
+    if isinstance(answer, Defer):
+        raise Deferred(args, args if answer.input is msgspec.UNSET else answer.input)
+    if not answer:
+        raise Blocked("not approved")
+    return args
+
+
+def _rejected(reason: str) -> Blocked:
+    """What a call the host rejected (``Session.approve(..., ok=False)``) fails with."""
+    return Blocked(f"not approved: {reason}" if reason else "not approved")
+
+
+def _op_rejected(call_id: int, label: str, reason: str) -> Result:
+    """An ``MCP.<server>.resources/prompts`` request the host rejected."""
+    return (call_id, False, _error_message(label, _rejected(reason)))
+
+
+#: What `_start_coroutine`'s request answers when it was filed for approval (no result yet).
+_FILED: Any = object()
+#: Why a call that waits for a later approval is refused where nothing can wait for it.
+_CANNOT_WAIT = "approval pending, and only a code mode run can wait for an approval that comes later"
+_CANNOT_WAIT_SAFE = "approval pending, and a restartSafe run cannot wait for an approval"
+
+
 def apply_hook(decision: HookResult, args: Any) -> Any:
     """A hook's decision over ``args``: the input to run with; ``Blocked`` if it blocked."""
     if isinstance(decision, Block):
@@ -487,6 +551,7 @@ class _McpRequest(NamedTuple):
     name: str
     owner: str
     source: str = "mcp"
+    requires_approval: bool = False
 
 
 def _blocked_result(call_id: int, tool: Tool, blocked: Blocked) -> Result:
@@ -629,6 +694,7 @@ class Dispatcher:
         read_only: bool = False,
         namespace_calls: CallTable | None = None,
         mcp_ops: McpOps | None = None,
+        approvals: Approvals | None = None,
     ) -> None:
         self.view = view
         #: Where `readOutput` reads this session's cut outputs (none: it knows no handle).
@@ -641,6 +707,10 @@ class Dispatcher:
         #: Read once: `Gate.is_async` inspects two callables, and every call asks.
         self._gate_is_async = self._gate.is_async
         self._gated = self._gate.hook is not None or self._gate.approve is not None
+        #: Calls that wait for a later approval (a run's, in its journal); none can wait for one
+        #: without it (host-side calls: such a call is refused).
+        self._can_defer = approvals is not None
+        self.approvals = approvals if approvals is not None else Approvals({})
         self.session_id = session_id
         #: Restart-safe runs may only call read-only tools (they may be redone after a restart).
         self._read_only = read_only
@@ -683,8 +753,7 @@ class Dispatcher:
 
         Never raises: a guest value reaches the host here, and whatever decoding, mapping or
         checking it does (RecursionError, MemoryError, a mapper's own exception) fails its call."""
-        inline: list[Callable[[], Result | None]] = []
-        answered: list[Result] = []
+        plans = []
         for call in calls:
             call_id, tool_id, _ = call
             try:
@@ -693,6 +762,25 @@ class Dispatcher:
                 plan = self._answer(call_id, None, _planning_failure(_subject(tool_id), e))
             if plan.resolved is not None:
                 self.resolved[call_id] = plan.resolved
+            plans.append((call_id, plan))
+        return self._launch(plans)
+
+    def release(self, decided: list[tuple[int, FiledCall, Any]]) -> Callable[[], None] | None:
+        """Acts on the host's decisions (`Approvals.take_decided`): an approved call starts as
+        `submit` starts a call (the run of its sync tool is returned), a rejected one fails."""
+        plans = []
+        for call_id, filed, decision in decided:
+            if decision.ok:
+                plans.append((call_id, _Plan(None, filed.run, inline=filed.inline)))
+            else:
+                self._record(call_id, filed.tool_id, time.perf_counter(), False)
+                plans.append((call_id, _Plan(None, functools.partial(filed.refuse, decision.reason))))
+        return self._launch(plans)
+
+    def _launch(self, plans: list[tuple[int, _Plan]]) -> Callable[[], None] | None:
+        inline: list[Callable[[], Result | None]] = []
+        answered: list[Result] = []
+        for call_id, plan in plans:
             if plan.inline:
                 inline.append(plan.run)
                 continue
@@ -762,6 +850,9 @@ class Dispatcher:
         if self._read_only and not tool.read_only:
             message = f"tool {tool_id} is not read-only: a restartSafe run may only call read-only tools"
             return self._answer(call_id, resolved, message)
+        if self._read_only and self.view.needs_approval(tool):
+            message = f"tool {tool_id} waits for approval: a restartSafe run may only call tools that need none"
+            return self._answer(call_id, resolved, message)
         if args is _UNDECODED:
             try:
                 args = _decode(input_json)
@@ -779,6 +870,10 @@ class Dispatcher:
             return _Plan(resolved, lambda: self._start_async(call_id, tool, args))
         return _Plan(resolved, lambda: self._run_sync(call_id, tool, args), inline=True)
 
+    def _gated_call(self, tool: Tool | _McpRequest) -> bool:
+        """Whether a call of ``tool`` passes a hook or an approval at all."""
+        return self._gated or self.view.needs_approval(tool)
+
     def _plan_mcp_op(self, call_id: int, server: str, op: str, payload: Any) -> _Plan:
         """An ``MCP.<server>.resources/prompts`` request: one the policy denies answers as one
         that does not exist; its input is checked against what the declarations promise
@@ -794,7 +889,14 @@ class Dispatcher:
         request = _McpRequest(op_id(server, op), op_name(op), server)
 
         async def run() -> Any:
-            gated = await self._gate_async(request, payload) if self._gated else payload
+            try:
+                gated = await self._gate_async(call_id, request, payload) if self._gated_call(request) else payload
+            except Deferred as deferred:
+                approved = functools.partial(ops, server, op, deferred.input)
+                resume = functools.partial(self._start_coroutine, call_id, request.id, approved)
+                refuse = functools.partial(_op_rejected, call_id, request.id)
+                self._file(call_id, deferred, FiledCall(request.id, None, resume, False, refuse))
+                return _FILED
             return await ops(server, op, gated)
 
         return _Plan(None, lambda: self._start_coroutine(call_id, request.id, run))
@@ -814,41 +916,88 @@ class Dispatcher:
             parent=self.parent,
         )
 
-    def _gate_sync(self, tool: Tool, args: Any) -> Any:
+    def _gate_sync(self, call_id: int, tool: Tool, args: Any) -> Any:
+        """The input ``tool`` runs with; ``Blocked`` if the hook or the approval refuses it,
+        ``Deferred`` if its approval comes later."""
         gate = self._gate
         if gate.hook is not None:
             args = apply_hook(gate.hook(self._event(tool, args)), args)  # type: ignore[arg-type]
-        if gate.approve is not None and not gate.approve(self._event(tool, args)):
-            raise Blocked("not approved")
+        if self._already_decided(call_id):
+            return args
+        if gate.approve is not None:
+            return _approved(args, gate.approve(self._event(tool, args)))  # type: ignore[arg-type]
+        if self.view.needs_approval(tool):
+            raise Deferred(args, args)
         return args
 
-    async def _gate_async(self, tool: Tool | _McpRequest, args: Any) -> Any:
+    async def _gate_async(self, call_id: int, tool: Tool | _McpRequest, args: Any) -> Any:
+        """`_gate_sync` with callbacks that may be ``async``."""
         gate = self._gate
         if gate.hook is not None:
             decision = gate.hook(self._event(tool, args))
             if inspect.isawaitable(decision):
                 decision = await decision
             args = apply_hook(decision, args)
+        if self._already_decided(call_id):
+            return args
         if gate.approve is not None:
-            approved = gate.approve(self._event(tool, args))
-            if inspect.isawaitable(approved):
-                approved = await approved
-            if not approved:
-                raise Blocked("not approved")
+            answer = gate.approve(self._event(tool, args))
+            if inspect.isawaitable(answer):
+                answer = await answer
+            return _approved(args, answer)
+        if self.view.needs_approval(tool):
+            raise Deferred(args, args)
         return args
 
-    def _run_sync(self, call_id: int, tool: Tool, args: Any) -> Result:
+    def _already_decided(self, call_id: int) -> bool:
+        """The journal holds the host's decision on this call (it is put to the gate again):
+        True to run it without asking again; ``Blocked`` if it was rejected."""
+        decision = self.approvals.recorded(call_id)
+        if decision is None:
+            return False
+        if not decision.ok:
+            raise _rejected(decision.reason)
+        return True
+
+    def _file(self, call_id: int, deferred: Deferred, filed: FiledCall) -> None:
+        """Files a call for the host's decision: it stays in flight with no result, and its run
+        suspends once nothing else runs (see `approvals`). ``Blocked`` where nothing can wait
+        for an approval (a host-side call, a restartSafe run)."""
+        if self._read_only:
+            raise Blocked(_CANNOT_WAIT_SAFE)
+        if not self._can_defer:
+            raise Blocked(_CANNOT_WAIT)
+        self.approvals.file(call_id, filed._replace(shown=shown_input(deferred.shown)))
+        listener = self.listener
+        if listener is not None:
+            listener()  # (no result landed: the run may have nothing left but approvals)
+
+    def _run_sync(self, call_id: int, tool: Tool, args: Any, gated: bool = False) -> Result | None:
+        """Runs a sync tool (``gated``: its call has passed the gate); None if its approval
+        comes later (the call is filed)."""
         started = time.perf_counter()
         try:
-            args = self._gate_sync(tool, args)
+            if not gated:
+                args = self._gate_sync(call_id, tool, args)
             positional, keywords = _args(args)
             result = self._finish(call_id, tool, tool.fn(*positional, **keywords))
         except Blocked as e:
             result = _blocked_result(call_id, tool, e)
+        except Deferred as deferred:
+            resume = functools.partial(self._run_sync, call_id, tool, deferred.input, True)
+            try:
+                self._file(call_id, deferred, FiledCall(tool.id, None, resume, True, self._refusal(call_id, tool)))
+                return None
+            except Blocked as e:
+                result = _blocked_result(call_id, tool, e)
         except BaseException as e:  # a hook or tool fails its own call, whatever it raises
             result = (call_id, False, _error_message(tool.id, e))
         self._record(call_id, tool.id, started, result[1])
         return result
+
+    def _refusal(self, call_id: int, tool: Tool) -> Callable[[str], Result]:
+        """Answers ``tool``'s call as the host rejected it (with the reason given)."""
+        return lambda reason: _blocked_result(call_id, tool, _rejected(reason))
 
     def _finish(self, call_id: int, tool: Tool, value: Any) -> Result:
         """Checks the output contract, then encodes; neither message echoes the value."""
@@ -877,12 +1026,23 @@ class Dispatcher:
                 )
             )
 
-    def _start_async(self, call_id: int, tool: Tool, args: Any) -> None:
-        async def call() -> Result:
+    def _start_async(self, call_id: int, tool: Tool, args: Any, gated: bool = False) -> None:
+        """Starts a call of ``tool`` on its loop (``gated``: it has passed the gate)."""
+        through_gate = not gated and self._gated_call(tool)
+
+        async def call() -> Result | None:
             try:
-                gated = await self._gate_async(tool, args) if self._gated else args
+                gated = await self._gate_async(call_id, tool, args) if through_gate else args
             except Blocked as blocked:
                 return _blocked_result(call_id, tool, blocked)
+            except Deferred as deferred:
+                resume = functools.partial(self._start_async, call_id, tool, deferred.input, True)
+                try:
+                    refuse = self._refusal(call_id, tool)
+                    self._file(call_id, deferred, FiledCall(tool.id, None, resume, False, refuse))
+                except Blocked as blocked:
+                    return _blocked_result(call_id, tool, blocked)
+                return None
             positional, keywords = _args(gated)
             value = tool.fn(*positional, **keywords)
             if inspect.isawaitable(value):
@@ -892,8 +1052,11 @@ class Dispatcher:
         self._start(call_id, tool.id, call, tool.loop)
 
     def _start_coroutine(self, call_id: int, label: str, make: Callable[[], Awaitable[Any]]) -> None:
-        async def call() -> Result:
-            payload = _encode_result(label, await make())
+        async def call() -> Result | None:
+            value = await make()
+            if value is _FILED:
+                return None
+            payload = _encode_result(label, value)
             if isinstance(payload, str):
                 return (call_id, False, payload)
             return (call_id, True, payload.decode())
@@ -904,7 +1067,7 @@ class Dispatcher:
         self,
         call_id: int,
         label: str,
-        call: Callable[[], Awaitable[Result]],
+        call: Callable[[], Awaitable[Result | None]],
         loop: LoopRef | None,
     ) -> None:
         """Starts ``call`` on its loop (at once, as a task, when this is that loop's thread)."""
@@ -922,6 +1085,11 @@ class Dispatcher:
                 result = (call_id, False, _error_message(label, e))
             except BaseException as e:  # it fails its own call; the loop (shared) goes on
                 result = (call_id, False, _error_message(label, e))
+            if result is None:  # filed for approval: no longer running
+                with self._lock:
+                    self._futures.pop(call_id, None)
+                    self._loops.pop(call_id, None)
+                return
             self._deliver(call_id, label, started, result)
 
         target = (loop or self._loop)()
