@@ -279,6 +279,22 @@ def _journal_problem(journal: Journal, config: CodeModeConfig) -> str | None:
     return None
 
 
+def _lone_surrogate(code: str) -> str | None:
+    """Why ``code`` cannot reach a worker, if it holds a lone surrogate (a Python string may,
+    UTF-8 may not: no frame could carry it); None otherwise."""
+    if code.isascii():
+        return None
+    try:
+        code.encode("utf-8")
+    except UnicodeEncodeError as e:
+        point = ord(code[e.start])
+        return (
+            f"exec `code` holds a lone surrogate (U+{point:04X} at character {e.start}), which UTF-8 "
+            f"cannot carry; write it as an escape (\\u{point:04x}) in a string literal."
+        )
+    return None
+
+
 async def _awaited(value: Awaitable[Any]) -> Any:
     return await value
 
@@ -836,6 +852,9 @@ class CodeMode:
             return self._invalid(started, "exec requires a non-empty `code` string.")
         if len(code) > MAX_SOURCE_CHARS:
             return self._invalid(started, f"exec `code` is {len(code)} characters; the limit is {MAX_SOURCE_CHARS}.")
+        surrogate = _lone_surrogate(code)
+        if surrogate is not None:
+            return self._invalid(started, surrogate)
         # `null` is how a strict-mode provider leaves an optional field out (`surfaces.EXEC_SCHEMA`).
         language = args.get("language")
         if language is None:

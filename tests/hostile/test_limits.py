@@ -81,6 +81,22 @@ def test_a_source_over_the_cap_is_invalid_input_before_any_worker(make_codemode)
     recovers(cm)
 
 
+@pytest.mark.parametrize(
+    "code", ["return '\ud800'", "return 1 // \udfff", "\ud83d" + "x" * 5000, "return '\ud83d\ude00\udc00'"]
+)
+@pytest.mark.parametrize("how", ["exec", "command", "handle"])
+def test_a_source_with_a_lone_surrogate_is_invalid_input_at_once(make_codemode, code: str, how: str):
+    cm = make_codemode({"workers": 1, "timeoutMs": 60_000})
+    s = cm.session()
+    args = {"command": code} if how == "command" else {"code": code}
+    result = s.handle("exec", args) if how == "handle" else s.exec(args)
+    assert (result["status"], result["code"]) == ("failed", "invalid_input")
+    assert result["error"].startswith("exec `code` holds a lone surrogate (U+D")
+    assert "write it as an escape" in result["error"]
+    assert exec_(s, "return '\\ud800'.length")["value"] == 1  # the escape is how to write one
+    recovers(cm)
+
+
 # ---- item 8: journals are counted ----------------------------------------------------------
 def test_a_result_past_max_journal_bytes_fails_its_call_not_the_run(make_codemode):
     cm = make_codemode({"workers": 1, "maxJournalBytes": 64 << 10})
