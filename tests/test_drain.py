@@ -215,6 +215,8 @@ def test_an_error_value_serializes_as_its_name_and_message(dcm):
 
 def test_a_pending_promise_in_the_value_or_an_output_is_named_without_being_awaited(dcm, ledger):
     result = run(dcm, "const r = tools.work({name: 'forgot'}); text(r); return {r}")
-    assert result["value"] == {"r": "[Promise: not awaited; use await]"}
-    assert result["output"] == [{"type": "text", "text": '"[Promise: not awaited; use await]"'}]
+    marker = "[Promise of call_1 tools.work: not awaited; use await]"
+    assert result["value"] == {"r": marker}
+    assert result["output"][0] == {"type": "text", "text": f'"{marker}"'}
+    assert result["output"][1]["text"].startswith("[not awaited] call_1 tools.work: a text() output")
     assert ledger.finished == ["forgot"]  # the call itself still ran

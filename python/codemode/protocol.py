@@ -122,8 +122,9 @@ class Ready(msgspec.Struct, tag="ready", array_like=True):
 #: What a run's step can end in, and the failure codes an engine may report (None: the cell threw).
 Status = Literal["completed", "failed", "pending"]
 FailureCode = Literal["invalid_input", "timeout", "output_limit_exceeded", "memory_limit_exceeded", "internal_error"]
-#: Output kinds: 0 text, 1 JSON, 2 log, 3 info, 4 warn, 5 error, 6 image (``mime;base64``).
-OutputKind = Literal[0, 1, 2, 3, 4, 5, 6]
+#: Output kinds: 0 text, 1 JSON, 2 log, 3 info, 4 warn, 5 error, 6 image (``mime;base64``),
+#: 7 a not-awaited notice (``[not awaited] call_1 tools.x: ...``, shown as text).
+OutputKind = Literal[0, 1, 2, 3, 4, 5, 6, 7]
 #: The guest API that started a call: ``CallMethod`` in engine.rs (``_engine.CALL_METHODS``,
 #: pinned equal by a test), so a frame naming any other is refused.
 CallMethod = Literal["callValue", "call", "namespace", "mcp", "yield_control", "readOutput"]

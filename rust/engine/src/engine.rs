@@ -192,6 +192,9 @@ pub enum OutputKind {
     Error = 5,
     /// `image(dataUrl)`: the text is `mimeType;base64data`.
     Image = 6,
+    /// The prelude's diagnostic for a bridge call's Promise the cell did not await (found in its
+    /// value, an output or a call's input, or used as a string): which call, and where.
+    NotAwaited = 7,
 }
 
 impl OutputKind {
@@ -200,6 +203,7 @@ impl OutputKind {
         match self {
             OutputKind::Warn => "[warn] ",
             OutputKind::Error => "[error] ",
+            OutputKind::NotAwaited => "[not awaited] ",
             _ => "",
         }
     }
@@ -227,6 +231,7 @@ impl OutputKind {
             4 => OutputKind::Warn,
             5 => OutputKind::Error,
             6 => OutputKind::Image,
+            7 => OutputKind::NotAwaited,
             _ => return None,
         })
     }
@@ -353,6 +358,8 @@ struct State {
     searches: u32,
     describes: u32,
     next_call_id: u32,
+    /// The id the last `call` gave (0 when it refused the call): the prelude names its promise.
+    last_call_id: u32,
     resolvers: HashMap<u32, Resolvers>,
     new_calls: Vec<ToolCall>,
     outputs: Vec<Output>,
@@ -499,6 +506,7 @@ impl Engine {
             searches: 0,
             describes: 0,
             next_call_id: 0,
+            last_call_id: 0,
             resolvers: HashMap::new(),
             new_calls: Vec::new(),
             outputs: Vec::new(),
@@ -841,6 +849,7 @@ fn install_prelude<'js>(
                     return Err(Exception::throw_type(&ctx, "unknown bridge method"));
                 };
                 let mut st = call_state.borrow_mut();
+                st.last_call_id = 0;
                 let limits = st.limits;
                 let refusal = if st.resolvers.len() >= limits.max_pending_calls {
                     Some(
@@ -891,12 +900,16 @@ fn install_prelude<'js>(
                 }
                 st.next_call_id = st.next_call_id.wrapping_add(1);
                 let id = st.next_call_id;
+                st.last_call_id = id;
                 st.resolvers.insert(id, (Persistent::save(&ctx, resolve), Persistent::save(&ctx, reject)));
                 st.new_calls.push(ToolCall { id, tool, input_json: input, method });
                 Ok(promise)
             },
         )?,
     )?;
+
+    let last_call_state = state.clone();
+    host.set("lastCall", Function::new(ctx.clone(), move || -> u32 { last_call_state.borrow().last_call_id })?)?;
 
     let emit_state = state.clone();
     let emit_flags = flags.clone();

@@ -8,7 +8,8 @@
 (function install(host) {
   "use strict";
   const G = globalThis;
-  const hostCall = host.call;
+  const bridgeCall = host.call;
+  const hostLastCall = host.lastCall;
   const hostEmit = host.emit;
   const hostNow = host.now;
   const hostCheckDepth = host.checkDepth;
@@ -39,6 +40,7 @@
   const RangeErrorCtor = RangeError;
   const RegExpExec = RegExp.prototype.exec;
   const PromiseCtor = Promise;
+  const PromiseReject = Promise.reject;
   const RealDate = Date;
   const MAX_DEPTH = 64;
   // Tool ids are validated by the host; none can contain a NUL, so this one cannot collide.
@@ -48,6 +50,140 @@
   function push(array, value) {
     ReflectApply(ArrayPush, array, [value]);
   }
+
+  // ---- forgotten awaits ----------------------------------------------------------------------
+  // Every promise a bridge call returns is remembered with what made it (`call_3 tools.double`),
+  // by identity, in a WeakMap only this closure holds: a guest object can pass for a Promise but
+  // never for one of these, and nothing the guest replaces later changes the lookup. Where one is
+  // serialized or used as a primitive, its text names the call, and a notice (output kind 7) says
+  // where it was found: once per call, at most MAX_NOTICES a run. Nothing here reads a promise's
+  // state, awaits it or calls its `then`.
+  const NOTICE = 7;
+  const MAX_NOTICES = 5;
+  const MAX_LABEL_TOOL = 80;
+  // Bound at install: a call neither looks anything up nor allocates (a `Reflect.apply` with
+  // its argument array costs ~8x as much, and the lookup runs for every object that leaves).
+  const bridgePromises = new WeakMap();
+  const recordIn = ReflectApply(Function.prototype.bind, WeakMap.prototype.get, [bridgePromises]);
+  const rememberIn = ReflectApply(Function.prototype.bind, WeakMap.prototype.set, [bridgePromises]);
+  let remembered = 0; // none yet: serializing skips the lookup
+  let noticesLeft = MAX_NOTICES;
+  // Noticed records not yet emitted, oldest first, linked through `next`: never held in an array,
+  // whose element writes would reach a setter the guest put on `Array.prototype`.
+  let queueHead = null;
+  let queueTail = null;
+  let serializing = 0; // toJson calls under way (a guest toJSON can nest them)
+  // What the value being serialized is (a phrase, or the record of the call whose input it is).
+  const LEAVING = "a value leaving the cell";
+  const AS_PRIMITIVE = "\u0000primitive";
+  let site = LEAVING;
+
+  /// What made a bridge promise: `fn` is the guest expression (`tools.double`), `tool` the id it
+  /// named (`tools.callValue("t:x")`) or "", `id` the engine's call id (0: none, or refused);
+  /// once noticed, `where` it was found. No prototype: no read of it can reach guest code.
+  function callRecord(fn, tool) {
+    return { __proto__: null, id: 0, fn, tool, noticed: false, where: LEAVING, next: null };
+  }
+  function remember(promise, record) {
+    rememberIn(promise, record);
+    remembered++;
+  }
+  function recordOf(value) {
+    return remembered === 0 ? undefined : recordIn(value);
+  }
+  function quoted(tool) {
+    const clipped = tool.length > MAX_LABEL_TOOL ? ReflectApply(StringSlice, tool, [0, MAX_LABEL_TOOL]) + "…" : tool;
+    return JsonStringify(clipped);
+  }
+  function callLabel(record) {
+    const expression = record.tool === "" ? record.fn : record.fn + "(" + quoted(record.tool) + ")";
+    return record.id === 0 ? expression : "call_" + record.id + " " + expression;
+  }
+  function awaitHint(record) {
+    const args = record.tool === "" ? "..." : quoted(record.tool) + ", ...";
+    return "write `await " + record.fn + "(" + args + ")`";
+  }
+  function namedMarker(record) {
+    return "[Promise of " + callLabel(record) + ": not awaited; use await]";
+  }
+
+  /// The text a remembered promise becomes where `site` is being serialized.
+  function namedPromise(record) {
+    note(record, site);
+    return namedMarker(record);
+  }
+  function note(record, where) {
+    if (record.noticed || noticesLeft === 0) return;
+    record.noticed = true;
+    record.where = where;
+    noticesLeft--;
+    if (queueTail === null) queueHead = record;
+    else queueTail.next = record;
+    queueTail = record;
+  }
+  function noticeText(record, where) {
+    const found =
+      where === AS_PRIMITIVE
+        ? "its Promise was used as a string or number"
+        : (typeof where === "string" ? where : "the input of " + callLabel(where)) + " holds its Promise";
+    return callLabel(record) + ": " + found + ", not its result; " + awaitHint(record);
+  }
+  /// Emits the queued notices, after the output or call they were found in.
+  function flushNotices() {
+    if (serializing !== 0) return;
+    while (queueHead !== null) {
+      const record = queueHead;
+      queueHead = record.next;
+      if (queueHead === null) queueTail = null;
+      hostEmit(NOTICE, noticeText(record, record.where));
+    }
+  }
+
+  /// Starts a bridge call and remembers its promise with `record` (named after `via` if none).
+  function hostCall(tool, inputJson, via, record) {
+    const promise = bridgeCall(tool, inputJson, via);
+    const made = record === undefined ? callRecord(via, "") : record;
+    made.id = hostLastCall();
+    remember(promise, made);
+    flushNotices();
+    return promise;
+  }
+  /// `promise` settles as the call of `record` does (an envelope): it is named as that call.
+  function alias(promise, record) {
+    remember(promise, record);
+    return promise;
+  }
+  /// `fn`, whose promises are named `label` (one record: they have no call id to tell apart).
+  function labeled(label, fn) {
+    const record = callRecord(label, "");
+    const wrapped = (...args) => alias(ReflectApply(fn, undefined, args), record);
+    ObjectDefineProperty(wrapped, "name", { value: fn.name });
+    return wrapped;
+  }
+
+  // `${promise}` and `promise + 1` read the marker too. Any other promise converts as it always
+  // did (OrdinaryToPrimitive: its own `valueOf`/`toString`).
+  const TO_STRING_FIRST = ObjectFreeze(["toString", "valueOf"]);
+  const VALUE_OF_FIRST = ObjectFreeze(["valueOf", "toString"]);
+  function promiseToPrimitive(hint) {
+    const record = recordOf(this);
+    if (record === undefined) return ordinaryToPrimitive(this, hint);
+    note(record, AS_PRIMITIVE);
+    flushNotices();
+    return namedMarker(record);
+  }
+  function ordinaryToPrimitive(object, hint) {
+    const names = hint === "string" ? TO_STRING_FIRST : VALUE_OF_FIRST;
+    for (let i = 0; i < 2; i++) {
+      const method = object[names[i]];
+      if (typeof method === "function") {
+        const result = ReflectApply(method, object, []);
+        if (typeof result !== "function" && (typeof result !== "object" || result === null)) return result;
+      }
+    }
+    throw new TypeErrorCtor("Cannot convert object to primitive value");
+  }
+  ObjectDefineProperty(PromiseCtor.prototype, Symbol.toPrimitive, { value: promiseToPrimitive });
 
   // ---- JSON-safe adapter -------------------------------------------------------------------
   // Values leaving the VM become JSON text. The fast path is the engine's own stringify; the
@@ -72,6 +208,8 @@
     if (value === null) return null;
     if (depth >= MAX_DEPTH) return "[MaxDepth]";
     if (ReflectApply(SetHas, seen, [value])) return "[Circular]";
+    const record = recordOf(value);
+    if (record !== undefined) return namedPromise(record);
     if (value instanceof PromiseCtor) return NOT_AWAITED;
     if (typeof value.toJSON === "function") {
       return safe(value.toJSON(), seen, depth + 1);
@@ -100,7 +238,8 @@
   }
 
   // What JSON.stringify would write as `{}`, said instead: an Error's name and message, and a
-  // Promise (its state is never read and nothing is awaited or invoked: a forgotten `await`).
+  // Promise (its state is never read and nothing is awaited or invoked: a forgotten `await`),
+  // named after its call when a bridge call made it.
   const NOT_AWAITED = "[Promise: not awaited; use await]";
   function errorJson(error) {
     return { name: readable(error, "name"), message: readable(error, "message") };
@@ -114,6 +253,8 @@
   }
   function replacer(_key, value) {
     if (typeof value === "object" && value !== null) {
+      const record = recordOf(value);
+      if (record !== undefined) return namedPromise(record);
       if (value instanceof PromiseCtor) return NOT_AWAITED;
       if (value instanceof ErrorCtor) return errorJson(value);
     }
@@ -121,7 +262,20 @@
   }
 
   /// JSON text for any guest value; `undefined` and functions at the top level do not vanish.
-  function toJson(value) {
+  /// `where` is what the value is, for a notice about a bridge promise inside it (the caller
+  /// flushes the notices once the value has left).
+  function toJson(value, where) {
+    const outer = site;
+    site = where === undefined ? LEAVING : where;
+    serializing++;
+    try {
+      return serialize(value);
+    } finally {
+      serializing--;
+      site = outer;
+    }
+  }
+  function serialize(value) {
     if (value === undefined) return "null";
     if (typeof value !== "function" && typeof value !== "symbol") {
       try {
@@ -135,30 +289,34 @@
     return text === undefined ? "null" : text;
   }
 
-  function display(value) {
-    return typeof value === "string" ? value : toJson(value);
+  function display(value, where) {
+    return typeof value === "string" ? value : toJson(value, where);
   }
 
   // ---- output --------------------------------------------------------------------------------
   function text(value) {
-    hostEmit(0, display(value));
+    hostEmit(0, display(value, "a text() output"));
+    flushNotices();
   }
   function json(value) {
-    hostEmit(1, toJson(value));
+    hostEmit(1, toJson(value, "a json() output"));
+    flushNotices();
   }
-  function logger(kind) {
+  function logger(kind, name) {
+    const where = "a " + name + "() output";
     return function (...args) {
       const parts = [];
-      for (let i = 0; i < args.length; i++) push(parts, display(args[i]));
+      for (let i = 0; i < args.length; i++) push(parts, display(args[i], where));
       hostEmit(kind, ReflectApply(ArrayJoin, parts, [" "]));
+      flushNotices();
     };
   }
   const console = ObjectFreeze({
-    log: logger(2),
-    info: logger(3),
-    debug: logger(2),
-    warn: logger(4),
-    error: logger(5),
+    log: logger(2, "console.log"),
+    info: logger(3, "console.info"),
+    debug: logger(2, "console.debug"),
+    warn: logger(4, "console.warn"),
+    error: logger(5, "console.error"),
   });
 
   // ---- tools ---------------------------------------------------------------------------------
@@ -179,22 +337,33 @@
   const VIA_YIELD = "yield_control";
   const VIA_OUTPUT = "readOutput";
 
-  // `id` is a catalog id or an exact, unambiguous tool name (the host resolves it).
-  function callTool(helper, via, id, input) {
+  function rejected(error) {
+    return ReflectApply(PromiseReject, PromiseCtor, [error]);
+  }
+
+  // `id` is a catalog id or an exact, unambiguous tool name (the host resolves it). `record`
+  // names the call (`tools.<helper>("<id>")` unless given).
+  function callTool(helper, via, id, input, record) {
     if (typeof id !== "string") {
-      return PromiseCtor.reject(new ErrorCtor("tools." + helper + "(id, input): id must be a string"));
+      return rejected(new ErrorCtor("tools." + helper + "(id, input): id must be a string"));
     }
-    if (id.length > 0 && id.charCodeAt(0) === 0) {
+    if (id.length > 0 && ReflectApply(StringCharCodeAt, id, [0]) === 0) {
       // The bridge's internal ids (yield, namespaces, MCP) are not tools.
-      return PromiseCtor.reject(new ErrorCtor("unknown tool: " + id));
+      return rejected(new ErrorCtor("unknown tool: " + id));
     }
-    return hostCall(id, toJson(input === undefined ? {} : input), via);
+    const made = record === undefined ? callRecord("tools." + helper, id) : record;
+    return hostCall(id, toJson(input === undefined ? {} : input, made), via, made);
   }
   function callValue(id, input) {
     return callTool("callValue", VIA_CALL_VALUE, id, input);
   }
-  async function call(id, input) {
-    const result = await callTool("call", VIA_CALL, id, input);
+  // The envelope's promise is the one the cell holds: it is named as the call inside it.
+  function call(id, input) {
+    const record = callRecord("tools.call", typeof id === "string" ? id : "");
+    return alias(envelope(id, input, record), record);
+  }
+  async function envelope(id, input, record) {
+    const result = await callTool("call", VIA_CALL, id, input, record);
     return { tool: id, result };
   }
 
@@ -237,7 +406,9 @@
     return found === null || found === undefined ? undefined : deepFreeze(JsonParse(found));
   }
 
-  const helpers = ObjectFreeze({ search, describe, call, callValue });
+  const searchNamed = labeled("tools.search", search);
+  const describeNamed = labeled("tools.describe", describe);
+  const helpers = ObjectFreeze({ search: searchNamed, describe: describeNamed, call, callValue });
   const bound = ObjectCreate(null);
   function convenience(name) {
     if (typeof name !== "string") return undefined;
@@ -245,7 +416,8 @@
     if (ObjectHasOwn(bound, name)) return bound[name];
     const id = hostResolve(name);
     if (id === null || id === undefined) return undefined;
-    const fn = (input) => callValue(id, input);
+    const label = "tools." + name;
+    const fn = (input) => callTool("callValue", VIA_CALL_VALUE, id, input, callRecord(label, ""));
     bound[name] = fn;
     return fn;
   }
@@ -270,8 +442,8 @@
     enumerable: false,
   });
   ObjectDefineProperty(G, "tools", { value: tools, enumerable: false });
-  ObjectDefineProperty(G, "searchTools", { value: searchTools, enumerable: false });
-  ObjectDefineProperty(G, "describeTool", { value: describeTool, enumerable: false });
+  ObjectDefineProperty(G, "searchTools", { value: labeled("searchTools", searchTools), enumerable: false });
+  ObjectDefineProperty(G, "describeTool", { value: labeled("describeTool", describeTool), enumerable: false });
 
   // ---- MCP and API --------------------------------------------------------------------------
   // `MCP.<server>.<tool>(input)` is the only way a cell reaches MCP tools; it resolves to the exact
@@ -297,15 +469,24 @@
     });
   }
 
+  function mcpCall(request, record) {
+    return hostCall(MCP_TOOL, toJson(request, record), VIA_MCP, record);
+  }
+
   function mcpServer(ident, info) {
     if (typeof info.unavailable === "string") return unavailableServer(info);
     const server = ObjectCreate(null);
     const toolIdents = ObjectKeys(info.tools);
+    const prefix = "MCP." + ident + ".";
     for (let i = 0; i < toolIdents.length; i++) {
       const id = info.tools[toolIdents[i]];
-      server[toolIdents[i]] = (input) => hostCall(MCP_TOOL, toJson({ id, input: input === undefined ? {} : input }), VIA_MCP);
+      const label = prefix + toolIdents[i];
+      server[toolIdents[i]] = (input) => mcpCall({ id, input: input === undefined ? {} : input }, callRecord(label, ""));
     }
-    const op = (name) => (input) => hostCall(MCP_TOOL, toJson({ server: info.server, op: name, input: input === undefined ? {} : input }), VIA_MCP);
+    const op = (name) => {
+      const label = prefix + name;
+      return (input) => mcpCall({ server: info.server, op: name, input: input === undefined ? {} : input }, callRecord(label, ""));
+    };
     server.$api = async (toolName, options) => {
       const schema = options !== null && typeof options === "object" && options.schema === true;
       return deepFreeze(JsonParse(hostMcpApi(ident, toolName === undefined ? undefined : StringCtor(toolName), schema)));
@@ -362,29 +543,31 @@
   const namespaceInfo = ObjectCreate(null);
   const namespacesView = ObjectCreate(null);
 
-  function buildScope(value, ns) {
+  // `where` is the scope's path as the cell writes it (`Issues.list`): it names the calls.
+  function buildScope(value, ns, where) {
     if (value === null || typeof value !== "object") return value;
     if (ArrayIsArray(value)) {
       const out = [];
-      for (let i = 0; i < value.length; i++) push(out, buildScope(value[i], ns));
+      for (let i = 0; i < value.length; i++) push(out, buildScope(value[i], ns, where + "[" + i + "]"));
       return ObjectFreeze(out);
     }
     if (typeof value.$call === "string") {
       const path = value.$call;
       return function (...args) {
-        return hostCall(NAMESPACE_TOOL, toJson({ ns, path, args }), VIA_NAMESPACE);
+        const record = callRecord(where, "");
+        return hostCall(NAMESPACE_TOOL, toJson({ ns, path, args }, record), VIA_NAMESPACE, record);
       };
     }
     const out = ObjectCreate(null);
     const keys = ObjectKeys(value);
-    for (let i = 0; i < keys.length; i++) out[keys[i]] = buildScope(value[keys[i]], ns);
+    for (let i = 0; i < keys.length; i++) out[keys[i]] = buildScope(value[keys[i]], ns, where + "." + keys[i]);
     return ObjectFreeze(out);
   }
 
   function installNamespaces(list) {
     for (let i = 0; i < list.length; i++) {
       const item = list[i];
-      const scope = buildScope(item.scope, item.id);
+      const scope = buildScope(item.scope, item.id, item.globalName);
       namespacesView[item.globalName] = scope;
       namespaceInfo[item.globalName] = deepFreeze({
         name: item.globalName,
@@ -488,7 +671,7 @@
   ObjectDefineProperty(G, "exit", { value: exit, enumerable: false });
   ObjectDefineProperty(G, "image", { value: image, enumerable: false });
   // The tool-search-code surface's spelling of the catalog helpers.
-  ObjectDefineProperty(G, "codemode", { value: ObjectFreeze({ tools: ObjectFreeze({ search, describe, call }) }), enumerable: false });
+  ObjectDefineProperty(G, "codemode", { value: ObjectFreeze({ tools: ObjectFreeze({ search: searchNamed, describe: describeNamed, call }) }), enumerable: false });
 
   // ---- determinism: seeded Math.random and a journaled clock ---------------------------------
   let s0 = 0, s1 = 0, s2 = 0, s3 = 0;
@@ -531,7 +714,12 @@
 
   // Hands control back to the model: the host answers it on the next `wait`.
   function yield_control(reason) {
-    return hostCall(YIELD_TOOL, toJson(reason === undefined ? null : StringCtor(reason)), VIA_YIELD).then(() => undefined);
+    const record = callRecord("yield_control", "");
+    const text = reason === undefined ? null : StringCtor(reason);
+    return alias(resumed(hostCall(YIELD_TOOL, toJson(text, record), VIA_YIELD, record)), record);
+  }
+  async function resumed(yielded) {
+    await yielded;
   }
 
   // Reads back the full text of a cut output (the cut note names its handle), a piece at a time:
@@ -551,7 +739,9 @@
   // ---- internals handed back to Rust (never reachable from the guest) ------------------------
   async function runCell(fn) {
     const value = await fn();
-    return toJson(value);
+    const json = toJson(value, "the cell's value");
+    flushNotices();
+    return json;
   }
 
   function clip(s) {
@@ -571,7 +761,8 @@
         message = clip(error.message);
         stack = typeof error.stack === "string" ? clip(error.stack) : "";
       } else {
-        message = clip(display(error));
+        message = clip(display(error, "the error the cell threw"));
+        flushNotices();
       }
     } catch (_) {
       message = "uncaught exception (its value could not be read)";

@@ -569,10 +569,17 @@ fn a_promise_in_the_value_or_an_output_is_named_as_not_awaited_without_being_awa
         1,
         "{}",
     );
-    assert_eq!(out.outputs[0].text, r#"{"r":"[Promise: not awaited; use await]"}"#);
-    // The call it started still runs; the value was decided when the cell returned.
+    let named = r#""[Promise of call_1 tools.callValue(\"t:double\"): not awaited; use await]""#;
+    assert_eq!(out.outputs[0].text, format!(r#"{{"r":{named}}}"#));
+    assert_eq!(out.outputs[1].kind, OutputKind::NotAwaited); // which call, and where (tests/not_awaited.rs)
+                                                             // The call it started still runs; the value was decided when the cell returned.
     let done = settle_all(&mut e, &[out.calls[0].id], "4");
-    assert_eq!(done.status, Status::Completed(r#"{"r":"[Promise: not awaited; use await]","n":"1"}"#.into()));
+    assert_eq!(done.status, Status::Completed(format!(r#"{{"r":{named},"n":"1"}}"#)));
+    // A promise no bridge call made keeps the generic marker.
+    assert_eq!(
+        run("return [Promise.resolve(1)]"),
+        Status::Completed(r#"["[Promise: not awaited; use await]"]"#.into())
+    );
     // A thenable is a plain object: its `then` is never called.
     assert_eq!(
         run("let called = false; const t = {then() { called = true }, v: 1}; json(t); return {t, called}"),
