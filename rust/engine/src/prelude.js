@@ -140,11 +140,16 @@
   }
 
   /// Starts a bridge call and remembers its promise with `record` (named after `via` if none).
+  /// A call the engine refused (id 0: too many in flight, say) is not remembered: its promise
+  /// has already rejected saying why, and a cell may make thousands of them.
   function hostCall(tool, inputJson, via, record) {
     const promise = bridgeCall(tool, inputJson, via);
-    const made = record === undefined ? callRecord(via, "") : record;
-    made.id = hostLastCall();
-    remember(promise, made);
+    const id = hostLastCall();
+    if (id !== 0) {
+      const made = record === undefined ? callRecord(via, "") : record;
+      made.id = id;
+      remember(promise, made);
+    }
     flushNotices();
     return promise;
   }
