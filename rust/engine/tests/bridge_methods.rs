@@ -2,34 +2,13 @@
 //! it in `pendingToolCalls`. One cell per path; the names are pinned here and, against the
 //! Python side, by `_engine.CALL_METHODS`.
 
-use std::sync::Arc;
+mod common;
 
-use codemode_engine::{CallMethod, Catalog, Engine, Language, Limits, Status};
-
-/// One host tool and one MCP tool (server `gh`, reached as `MCP.gh.createIssue`).
-const CATALOG: &str = r#"{
-    "tools": [
-        {"id": "host:core:read", "name": "read", "description": "Read.", "source": "host", "input": "unknown"},
-        {"id": "mcp:gh:create_issue", "name": "create_issue", "description": "Create.", "source": "mcp",
-         "sourceName": "gh", "input": "unknown", "ident": "createIssue", "serverIdent": "gh", "declaration": ""}
-    ],
-    "api": {},
-    "mcpServers": {"gh": {"ident": "gh", "path": "mcp/gh.d.ts"}}
-}"#;
-
-/// A namespace `Issues` whose `list` is a call marker.
-const RUN: &str = r#"{"namespaces": [{"id": "github-issues", "globalName": "Issues", "description": "",
-    "prompt": null, "tools": ["list"], "scope": {"list": {"$call": "list"}}}]}"#;
+use codemode_engine::{CallMethod, Language, Limits, Status};
+use common::{engine_with, RUN};
 
 fn calls_of(cell: &str) -> Vec<codemode_engine::ToolCall> {
-    let catalog = match Catalog::from_json(CATALOG) {
-        Ok(c) => c,
-        Err(e) => panic!("catalog: {e}"),
-    };
-    let mut engine = match Engine::new(Limits::default(), Arc::new(catalog)) {
-        Ok(e) => e,
-        Err(e) => panic!("engine: {e}"),
-    };
+    let mut engine = engine_with(Limits::default());
     let out = engine.start(cell, Language::JavaScript, 2000.0, 1, RUN);
     assert_eq!(out.status, Status::Pending, "{cell}");
     out.calls

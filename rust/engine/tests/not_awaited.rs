@@ -3,36 +3,10 @@
 //! `NotAwaited` output says which call and where (once per call, at most five a run). Nothing
 //! the guest builds or overrides can make the text name a call that is not there.
 
-use std::sync::Arc;
+mod common;
 
-use codemode_engine::{Catalog, Engine, Language, Limits, Output, OutputKind, Settlement, Status};
-
-/// Host tools `double` and `other`, and an MCP tool (server `gh`, `MCP.gh.createIssue`).
-const CATALOG: &str = r#"{
-    "tools": [
-        {"id": "host:core:double", "name": "double", "description": "Double.", "source": "host", "input": "unknown"},
-        {"id": "host:core:other", "name": "other", "description": "Other.", "source": "host", "input": "unknown"},
-        {"id": "mcp:gh:create_issue", "name": "create_issue", "description": "Create.", "source": "mcp",
-         "sourceName": "gh", "input": "unknown", "ident": "createIssue", "serverIdent": "gh", "declaration": ""}
-    ],
-    "api": {},
-    "mcpServers": {"gh": {"ident": "gh", "path": "mcp/gh.d.ts"}}
-}"#;
-
-/// A namespace `Issues` whose `list` and `comments.add` are call markers.
-const RUN: &str = r#"{"namespaces": [{"id": "github-issues", "globalName": "Issues", "description": "",
-    "prompt": null, "tools": ["list"], "scope": {"list": {"$call": "list"}, "comments": {"add": {"$call": "comments.add"}}}}]}"#;
-
-fn engine_with(limits: Limits) -> Engine {
-    let catalog = match Catalog::from_json(CATALOG) {
-        Ok(c) => c,
-        Err(e) => panic!("catalog: {e}"),
-    };
-    match Engine::new(limits, Arc::new(catalog)) {
-        Ok(e) => e,
-        Err(e) => panic!("engine: {e}"),
-    }
-}
+use codemode_engine::{Language, Limits, Output, OutputKind, Settlement, Status};
+use common::{engine_with, RUN};
 
 /// Runs `cell` to its end, answering every call with `2`; the end and every output.
 fn run_with(limits: Limits, cell: &str) -> (Status, Vec<Output>) {
