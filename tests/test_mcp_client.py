@@ -25,8 +25,8 @@ from urllib.parse import urlsplit
 
 import msgspec
 import pytest
-from codemode.errors import ClosedError, ConfigError
-from codemode.mcp import McpServerError, McpServers, McpStdioServerConfig, McpTimeoutError, parse_server_config
+from codemode.errors import ClosedError, ConfigError, McpServerError, McpTimeoutError
+from codemode.mcp import McpServers, McpStdioServerConfig, parse_server_config
 from mcp_servers import everything_http, everything_server, read_pid, time_server, wait_gone, wait_until, with_pidfile
 
 EVERYTHING_TOOLS = 13

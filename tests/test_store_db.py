@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 from codemode import ClosedError, ConfigError
+from codemode.errors import StoreError, StoreLimitError
 from codemode.store import (
     MAX_KEY_CHARS,
     MAX_TOTAL_CHARS,
@@ -33,8 +34,6 @@ from codemode.store import (
     PostgresStore,
     SqliteStore,
     Store,
-    StoreError,
-    StoreLimitError,
     open_store,
 )
 

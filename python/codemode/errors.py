@@ -1,8 +1,21 @@
-"""The exception hierarchy for library misuse and infrastructure failures.
+"""The exception hierarchy for library misuse and infrastructure failures, all of it here.
 
 A guest failure (the cell threw, timed out, ran out of memory) is *result data*: a ``failed``
 result with a code. These exceptions are for the host's own mistakes and for infrastructure the
-host must know about.
+host must know about::
+
+    CodemodeError
+    ├── ConfigError (ValueError)          a config value of the wrong type, an unknown key
+    ├── ToolDefinitionError (ValueError)  a tool that cannot be registered
+    ├── ApprovalError (LookupError)       ``approve`` of a run or call that awaits no decision
+    ├── ClosedError                       a ``CodeMode`` or session used after ``close()``
+    ├── ProtocolError                     a worker frame oversized, malformed or out of order
+    ├── WorkerCrashed                     a worker ended while it held a run
+    ├── WorkerUnavailable                 no worker (or no runtime in it) could be started
+    ├── McpServerError                    an MCP server unreachable, or it failed a request
+    │   └── McpTimeoutError               ... or did not answer within its timeout
+    └── StoreError                        a store write malformed, or its database failed
+        └── StoreLimitError               ... or a commit would break a size limit
 """
 
 from __future__ import annotations
@@ -12,7 +25,11 @@ __all__ = [
     "ClosedError",
     "CodemodeError",
     "ConfigError",
+    "McpServerError",
+    "McpTimeoutError",
     "ProtocolError",
+    "StoreError",
+    "StoreLimitError",
     "ToolDefinitionError",
     "WorkerCrashed",
     "WorkerUnavailable",
@@ -56,3 +73,28 @@ class WorkerCrashed(CodemodeError):
 
 class WorkerUnavailable(CodemodeError):
     """No worker process could be started, or its QuickJS runtime could not be built."""
+
+
+class McpServerError(CodemodeError):
+    """An MCP server could not be reached, failed a request, or answered it with an error.
+
+    ``server`` names the configured server. ``code`` is the JSON-RPC error code when the server
+    answered with an error response (``-32602`` for an unknown tool, say), else ``None``.
+    """
+
+    def __init__(self, message: str, *, server: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.server = server
+        self.code = code
+
+
+class McpTimeoutError(McpServerError):
+    """An MCP request, or the handshake before it, did not finish within its timeout."""
+
+
+class StoreError(CodemodeError):
+    """A store write was malformed, or the database failed or could not be opened."""
+
+
+class StoreLimitError(StoreError):
+    """A commit would break a size limit; nothing of it was applied."""

@@ -68,7 +68,7 @@ from mcp_types import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from .errors import ClosedError, CodemodeError, ConfigError
+from .errors import ClosedError, ConfigError, McpServerError, McpTimeoutError
 from .hotloop import HotLoop
 
 if TYPE_CHECKING:
@@ -86,10 +86,8 @@ __all__ = [
     "McpPromptInfo",
     "McpResourceInfo",
     "McpServerConfig",
-    "McpServerError",
     "McpServers",
     "McpStdioServerConfig",
-    "McpTimeoutError",
     "McpToolInfo",
     "parse_server_config",
 ]
@@ -125,23 +123,6 @@ _HTTP_READ_TIMEOUT_S = 300.0
 _HTTP_TIMEOUT = httpx2.Timeout(_HTTP_TIMEOUT_S, read=_HTTP_READ_TIMEOUT_S)
 #: Failures that mean the transport itself is gone, not that the server rejected a request.
 _CONNECTION_ERRORS = (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, httpx2.TransportError)
-
-
-class McpServerError(CodemodeError):
-    """An MCP server could not be reached, failed a request, or answered it with an error.
-
-    ``server`` names the configured server. ``code`` is the JSON-RPC error code when the server
-    answered with an error response (``-32602`` for an unknown tool, say), else ``None``.
-    """
-
-    def __init__(self, message: str, *, server: str, code: int | None = None) -> None:
-        super().__init__(message)
-        self.server = server
-        self.code = code
-
-
-class McpTimeoutError(McpServerError):
-    """An MCP request, or the handshake before it, did not finish within its timeout."""
 
 
 class _McpServerEntry(msgspec.Struct, frozen=True, kw_only=True):

@@ -29,13 +29,21 @@ from ._engine import Catalog
 from .approvals import ApprovalRequest, Approvals, call_number
 from .catalog import quick_index
 from .config import BOUNDS, CodeModeConfig, load_config
-from .errors import ApprovalError, ClosedError, CodemodeError, ConfigError, ToolDefinitionError
+from .errors import (
+    ApprovalError,
+    ClosedError,
+    CodemodeError,
+    ConfigError,
+    StoreError,
+    StoreLimitError,
+    ToolDefinitionError,
+)
 from .namespaces import NamespaceRegistration, Namespaces
 from .outputs import DEFAULT_READ_CHARS, OutputStore
 from .policy import Approver, Hook, Policy, ToolCallEvent, Trace, TraceEvent
 from .protocol import Configure, EngineLimits, bounded_bytes, utf8_len
 from .runs import FOREIGN, UNAVAILABLE, Journal, Run, RunLookupError, RunTable, Scope, Step, journal_size, new_run_id
-from .store import Store, StoreError, StoreLimitError, open_store
+from .store import Store, open_store
 from .supervisor import Supervisor
 from .surfaces import SURFACES, ModelTool, Surface, control_tools, directory_listing, payload_bytes
 from .tools import (

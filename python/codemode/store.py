@@ -26,7 +26,7 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .errors import ClosedError, CodemodeError, ConfigError
+from .errors import ClosedError, ConfigError, StoreError, StoreLimitError
 
 if TYPE_CHECKING:
     import psycopg
@@ -38,8 +38,6 @@ __all__ = [
     "PostgresStore",
     "SqliteStore",
     "Store",
-    "StoreError",
-    "StoreLimitError",
     "open_store",
 ]
 
@@ -80,14 +78,6 @@ _TOTAL = (
 # Serializes concurrent ``CREATE TABLE IF NOT EXISTS`` from several processes, which PostgreSQL
 # otherwise lets fail with a unique violation on its catalog. Any fixed 64-bit number will do.
 _SCHEMA_LOCK_ID = 0x636F_6465_6D6F_6465  # "codemode"
-
-
-class StoreError(CodemodeError):
-    """A store write was malformed, or the database failed or could not be opened."""
-
-
-class StoreLimitError(StoreError):
-    """A commit would break a size limit; nothing of it was applied."""
 
 
 class Store(Protocol):
