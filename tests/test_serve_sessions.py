@@ -365,3 +365,36 @@ def test_an_idle_client_that_keeps_its_stream_open_keeps_its_session(in_process)
 
     assert asyncio.run(idle_then_load()) == "kept"
     wait_until(lambda: len(clients) == 0, "an ended client's session stayed")
+
+
+# ---- what the client's model reads ----------------------------------------------------------------
+
+
+def test_serve_answers_compact_results_and_is_error_for_a_failed_cell():
+    from contextlib import nullcontext
+
+    from codemode.serve import build_server
+
+    png = "iVBORw0KGgoAAAANSUhEUg=="
+
+    async def calls(cm: CodeMode) -> list[Any]:
+        session = cm.session("compact")
+        async with Client(build_server(cm, lambda ctx: nullcontext(session))) as client:
+            waiting = await client.call_tool("exec", {"code": "await yield_control('go on?'); return 'resumed'"})
+            return [
+                await client.call_tool("exec", {"code": "return 40 + 2"}),
+                await client.call_tool("exec", {"code": "throw new Error('broken')"}),
+                await client.call_tool("exec", {"code": f"image('data:image/png;base64,{png}'); return 1"}),
+                await client.call_tool("wait", {"runId": decoded(waiting)["runId"]}),
+            ]
+
+    with CodeMode({"workers": 1}) as cm:
+        completed, failed, imaged, resumed = asyncio.run(calls(cm))
+    assert (completed.is_error, [block.text for block in completed.content]) == (
+        False,
+        ['{"status":"completed","value":42}'],
+    )
+    assert failed.is_error is True
+    assert decoded(failed) == {"status": "failed", "error": "Error: broken"}
+    assert [(block.type, getattr(block, "data", None)) for block in imaged.content[1:]] == [("image", png)]
+    assert decoded(resumed) == {"status": "completed", "value": "resumed"}

@@ -37,13 +37,20 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE_TIMEOUT
 from mcp.shared.exceptions import MCPError
-from mcp_types import UNSUPPORTED_PROTOCOL_VERSION, UnsupportedProtocolVersionErrorData
+from mcp_types import (
+    UNSUPPORTED_PROTOCOL_VERSION,
+    CallToolResult,
+    ImageContent,
+    TextContent,
+    UnsupportedProtocolVersionErrorData,
+)
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocketClose
 
 from .errors import CodemodeError, ConfigError
+from .rendering import render
 from .session import CodeMode, Session
 from .store import Store
 
@@ -138,13 +145,14 @@ def build_server(
         code: str,
         language: Literal["javascript", "typescript"] = "javascript",
         restartSafe: bool = False,
-    ) -> dict[str, Any]:
+    ) -> CallToolResult:
         with session_for(ctx) as session:
-            return await session.exec_async({"code": code, "language": language, "restartSafe": restartSafe})
+            args = {"code": code, "language": language, "restartSafe": restartSafe}
+            return _tool_result(await session.handle_async("exec", args))
 
-    async def wait(ctx: Context[Any, Any], runId: str) -> dict[str, Any]:
+    async def wait(ctx: Context[Any, Any], runId: str) -> CallToolResult:
         with session_for(ctx) as session:
-            return await session.wait_async({"runId": runId})
+            return _tool_result(await session.handle_async("wait", {"runId": runId}))
 
     server.add_tool(exec, name="exec", description=cm.exec_description(), structured_output=False)
     server.add_tool(
@@ -154,6 +162,14 @@ def build_server(
         structured_output=False,
     )
     return server
+
+
+def _tool_result(result: dict[str, Any]) -> CallToolResult:
+    """A cell's result as the client's model reads it (`codemode.rendering`): a failed cell is
+    an ``isError`` result, an image output an image block."""
+    rendered = render(result)
+    images = [ImageContent(data=image.data, mime_type=image.mime_type) for image in rendered.images]
+    return CallToolResult(content=[TextContent(text=rendered.text), *images], is_error=rendered.is_error)
 
 
 async def _refuse_sessionless(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:

@@ -908,16 +908,26 @@ class CodeMode:
         run, configure = self._new_run(session, checked, loop, min_timeout_ms)
         return self._driven(run, started, "exec", lambda: self._supervisor.start(run, configure, run.timeout_ms))
 
-    async def _exec_async(self, session: Session, args: Any) -> Result:
-        """`_exec` as a coroutine on the caller's loop (its async tools run there too)."""
+    async def _exec_async(
+        self, session: Session, args: Any, *, min_timeout_ms: int = 0, outer_hook: bool = False
+    ) -> Result:
+        """`_exec` as a coroutine on the caller's loop (its async tools, and an async hook, run
+        there too)."""
         started = time.perf_counter()
         checked = self._admit(started, args)
         if isinstance(checked, Failed):
             return checked
+        if outer_hook and self._gate.hook is not None:
+            decision = self._gate.hook(self._exec_event(session, args, checked[1]))
+            if inspect.isawaitable(decision):
+                decision = await decision
+            checked = self._hooked(started, args, decision, checked)
+            if isinstance(checked, Failed):
+                return checked
         if self._mcp is not None and self._mcp_wanted():
             await self._list_mcp_async(MCP_START_WAIT_S)
         loop = asyncio.get_running_loop()
-        run, configure = self._new_run(session, checked, lambda: loop, 0)
+        run, configure = self._new_run(session, checked, lambda: loop, min_timeout_ms)
         return await self._driven_async(
             run, started, "exec", self._supervisor.start_async(run, configure, run.timeout_ms)
         )
@@ -1300,6 +1310,12 @@ class CodeMode:
         return run.run_id
 
 
+def _search_code_cell(args: dict[str, Any]) -> dict[str, Any]:
+    """The cell a ``tool_search_code`` call runs (the tool-search spec clamps its timeout to
+    1,000-60,000 ms: `TOOL_SEARCH_CODE_MIN_TIMEOUT_MS`)."""
+    return {"code": args.get("code"), "language": "javascript"}
+
+
 class Session:
     """One conversation's handle on a ``CodeMode``: ``exec`` cells and ``wait`` on suspended ones.
 
@@ -1372,7 +1388,8 @@ class Session:
         return self.codemode.model_tools(surface, disable_tools=disable_tools, likely=likely)
 
     def handle(self, name: str, args: dict[str, Any] | None) -> dict[str, Any]:
-        """Dispatches any model tool call of any surface and returns its JSON result."""
+        """Dispatches any model tool call of any surface and returns its JSON result
+        (`codemode.rendering.render` gives what the model should read of it)."""
         args = args if isinstance(args, dict) else {}
         cm = self.codemode
         if name == "exec":
@@ -1380,9 +1397,29 @@ class Session:
         if name == "wait":
             return self.wait(args)
         if name == "tool_search_code":
-            # The tool-search spec clamps its code timeout to 1,000-60,000 ms.
-            cell = {"code": args.get("code"), "language": "javascript"}
+            cell = _search_code_cell(args)
             return cm._exec(self, cell, cm._loop.get, min_timeout_ms=TOOL_SEARCH_CODE_MIN_TIMEOUT_MS).to_dict()
+        return self._handle_catalog(name, args)
+
+    async def handle_async(self, name: str, args: dict[str, Any] | None) -> dict[str, Any]:
+        """``handle`` as a coroutine: cells run as ``exec_async`` does (on this loop), and the
+        structured surfaces' calls (search, ``tool_call``, a direct tool) on a worker thread, so
+        no call blocks this loop."""
+        args = args if isinstance(args, dict) else {}
+        cm = self.codemode
+        if name == "exec":
+            return (await cm._exec_async(self, args, outer_hook=True)).to_dict()
+        if name == "wait":
+            return await self.wait_async(args)
+        if name == "tool_search_code":
+            cell = _search_code_cell(args)
+            return (await cm._exec_async(self, cell, min_timeout_ms=TOOL_SEARCH_CODE_MIN_TIMEOUT_MS)).to_dict()
+        return await asyncio.to_thread(self._handle_catalog, name, args)
+
+    def _handle_catalog(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        """The structured surfaces' calls: ``tool_search``, ``tool_describe``, ``tool_call``, and
+        a direct (or direct-only) tool by its name."""
+        cm = self.codemode
         if name == "tool_search":
             query = args.get("query")
             limit = args.get("limit", cm.config.search_default_limit)
