@@ -18,7 +18,15 @@ from typing import Any, Literal
 
 import msgspec
 
-__all__ = ["SURFACES", "ModelTool", "Surface", "strict_problem", "to_anthropic", "to_openai"]
+__all__ = [
+    "SURFACES",
+    "ModelTool",
+    "Surface",
+    "strict_problem",
+    "to_anthropic",
+    "to_openai",
+    "to_openai_responses",
+]
 
 Surface = Literal["code", "tool_search_code", "tool_search", "directory", "direct"]
 SURFACES: tuple[Surface, ...] = ("code", "tool_search_code", "tool_search", "directory", "direct")
@@ -179,8 +187,8 @@ def strict_problem(schema: Any, path: str = "$") -> str | None:
 
 
 def to_openai(tools: list[ModelTool]) -> list[dict[str, Any]]:
-    """The OpenAI (Chat Completions / Responses) function-tool format; a tool whose schema is
-    valid in strict mode (`strict_problem`) asks for it."""
+    """The OpenAI Chat Completions function-tool format (``{"type": "function", "function":
+    {...}}``); a tool whose schema is valid in strict mode (`strict_problem`) asks for it."""
     out = []
     for t in tools:
         function: dict[str, Any] = {"name": t.name, "description": t.description, "parameters": t.input_schema}
@@ -188,6 +196,21 @@ def to_openai(tools: list[ModelTool]) -> list[dict[str, Any]]:
             function["strict"] = True
         out.append({"type": "function", "function": function})
     return out
+
+
+def to_openai_responses(tools: list[ModelTool]) -> list[dict[str, Any]]:
+    """The OpenAI Responses API function-tool format (flat: ``{"type": "function", "name", ...}``,
+    and ``strict`` always given, as the API requires); strict for a schema valid in strict mode."""
+    return [
+        {
+            "type": "function",
+            "name": t.name,
+            "description": t.description,
+            "parameters": t.input_schema,
+            "strict": strict_problem(t.input_schema) is None,
+        }
+        for t in tools
+    ]
 
 
 def to_anthropic(tools: list[ModelTool]) -> list[dict[str, Any]]:
