@@ -41,6 +41,11 @@ class Image(NamedTuple):
     #: Base64, as the cell gave it.
     data: str
 
+    @property
+    def data_url(self) -> str:
+        """``data:<mime>;base64,<data>``, for frameworks that take images as URLs."""
+        return f"data:{self.mime_type};base64,{self.data}"
+
 
 class Rendered(NamedTuple):
     """A tool result as the model sees it."""
