@@ -114,3 +114,11 @@ def test_the_readme_runner_runs_an_exec_and_a_wait():
         example["cm"].close()  # type: ignore[attr-defined]
     assert json.loads(answered) == {"status": "completed", "value": "clear"}
     assert [result["tool_use_id"] for result in api.results] == ["t2"]
+
+
+def test_an_image_output_is_an_image_block_of_the_tool_result(cm):
+    png = "iVBORw0KGgoAAAANSUhEUg=="
+    _, api = run(cm, {"code": f"image('data:image/png;base64,{png}'); return 'drawn'"}, sync=True)
+    text, image = api.results[-1]["content"]
+    assert json.loads(text["text"])["value"] == "drawn"
+    assert image == {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}

@@ -128,3 +128,13 @@ def test_the_readme_tool_loop_runs_an_exec_and_a_wait():
     finally:
         example["cm"].close()  # type: ignore[attr-defined]
     assert answered == "clear"
+
+
+def test_an_image_output_is_an_image_content_block(cm):
+    png = "iVBORw0KGgoAAAANSUhEUg=="
+    exec_tool = structured_tools(cm.session())[0]
+    cell = f"image('data:image/png;base64,{png}'); return 'drawn'"
+    message = exec_tool.invoke({"name": "exec", "args": {"code": cell}, "id": "c1", "type": "tool_call"})
+    text, image = message.content
+    assert json.loads(text["text"])["value"] == "drawn"  # type: ignore[index]
+    assert image == {"type": "image", "base64": png, "mime_type": "image/png"}

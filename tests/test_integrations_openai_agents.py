@@ -137,3 +137,15 @@ def test_the_readme_agent_runs_an_exec_and_a_wait():
     finally:
         example["cm"].close()  # type: ignore[attr-defined]
     assert result.final_output == "clear"
+
+
+def test_an_image_output_reaches_the_model_as_an_input_image(cm):
+    png = "iVBORw0KGgoAAAANSUhEUg=="
+    cell = f"image('data:image/png;base64,{png}'); return 'drawn'"
+    _, model = run(
+        cm,
+        [lambda outputs: ("exec", {"code": cell, "language": None, "restartSafe": None}), lambda outputs: "done"],
+    )
+    text, image = model.outputs[0]  # type: ignore[misc]
+    assert json.loads(text["text"])["output"] == [{"type": "image", "mimeType": "image/png"}]
+    assert image == {"type": "input_image", "image_url": f"data:image/png;base64,{png}"}

@@ -5,13 +5,14 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from typing import Any
 
 import pytest
 from codemode import CodeMode
 from codemode.integrations.pydantic_ai import toolset
-from pydantic_ai import Agent
+from pydantic_ai import Agent, BinaryContent
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
@@ -95,3 +96,31 @@ def test_the_readme_agent_runs_an_exec_and_a_wait():
     finally:
         example["cm"].close()  # type: ignore[attr-defined]
     assert result.output == "clear"
+
+
+def test_an_image_output_reaches_the_model_as_binary_content(cm):
+    png = "iVBORw0KGgoAAAANSUhEUg=="
+    cell = f"image('data:image/png;base64,{png}'); return 'drawn'"
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if not returns(messages):
+            return ModelResponse(parts=[ToolCallPart("exec", {"code": cell})])
+        return ModelResponse(parts=[TextPart("done")])
+
+    result = asyncio.run(Agent(FunctionModel(model), toolsets=[toolset(cm.session())]).run("Draw"))
+    text, image = returns(result.all_messages())[0].content
+    assert json.loads(text)["output"] == [{"type": "image", "mimeType": "image/png"}]
+    assert isinstance(image, BinaryContent)
+    assert (image.media_type, image.data) == ("image/png", base64.b64decode(png))
+
+
+def test_an_image_whose_base64_does_not_decode_is_left_out_and_the_text_arrives(cm):
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if not returns(messages):
+            return ModelResponse(
+                parts=[ToolCallPart("exec", {"code": "image('data:image/png;base64,abcde'); return 1"})]
+            )
+        return ModelResponse(parts=[TextPart("done")])
+
+    result = asyncio.run(Agent(FunctionModel(model), toolsets=[toolset(cm.session())]).run("Draw"))
+    assert json.loads(returns(result.all_messages())[0].content)["value"] == 1
