@@ -53,6 +53,7 @@ from .errors import CodemodeError, ConfigError
 from .rendering import render
 from .session import CodeMode, Session
 from .store import Store
+from .surfaces import WAIT_DESCRIPTION
 
 __all__ = [
     "TOKEN_ENV",
@@ -155,12 +156,7 @@ def build_server(
             return _tool_result(await session.handle_async("wait", {"runId": runId}))
 
     server.add_tool(exec, name="exec", description=cm.exec_description(), structured_output=False)
-    server.add_tool(
-        wait,
-        name="wait",
-        description="Resume a code mode run that returned `waiting`: pass its runId. Same result shape as exec.",
-        structured_output=False,
-    )
+    server.add_tool(wait, name="wait", description=WAIT_DESCRIPTION, structured_output=False)
     return server
 
 
