@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, get_type_hints
 
 import httpx2
 import pytest
 from anthropic import Anthropic, AsyncAnthropic
+from anthropic.types import ToolParam
 from codemode import CodeMode
 from codemode.integrations.anthropic import async_runner_tools, runner_tools
+from codemode.surfaces import SURFACES, to_anthropic
+from pydantic import TypeAdapter
 
 CELL = "await yield_control('confirm'); return (await tools.invoices_list({paid: false})).length"
 
@@ -122,3 +125,10 @@ def test_an_image_output_is_an_image_block_of_the_tool_result(cm):
     text, image = api.results[-1]["content"]
     assert json.loads(text["text"])["value"] == "drawn"
     assert image == {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_to_anthropic_tools_are_anthropic_tool_params(cm, surface):
+    for tool in to_anthropic(cm.model_tools(surface)):
+        TypeAdapter(ToolParam).validate_python(tool, strict=True)
+        assert set(tool) <= set(get_type_hints(ToolParam))
