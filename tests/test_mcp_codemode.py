@@ -427,11 +427,15 @@ def test_mcp_entry_has_unknown_input_and_no_output_hint_though_the_server_declar
     assert hit["input"] == "unknown"
     assert "output" not in hit
     header = value(ms, "return await MCP.time.$api('get_current_time', {schema: true})")
+    # The server's outputSchema types structuredContent in the declaration, and only there.
     assert header["declaration"].endswith(
-        "function getCurrentTime(input: { timezone: string; [key: string]: unknown }): Promise<McpToolResult>;"
+        "function getCurrentTime(input: { timezone: string; [key: string]: unknown }): Promise<McpToolResult & "
+        "{ structuredContent?: { timezone: string; datetime: string; day_of_week: string; is_dst: boolean;"
+        " [key: string]: unknown } }>;"
     )
     assert header["schema"] == listed.input_schema
-    assert "day_of_week" not in value(ms, "return API.read('mcp/time.d.ts')")
+    assert "day_of_week" in value(ms, "return API.read('mcp/time.d.ts')")
+    assert "day_of_week" not in mcm.exec_description()
 
 
 # ---- the declaration files of real servers ------------------------------------------------------

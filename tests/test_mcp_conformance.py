@@ -160,7 +160,10 @@ def test_reserved_and_inherited_names_get_a_digit_appended_and_every_tool_is_cal
     assert value(s, f"return [{calls}]") == ODD_NAMES
     assert value(s, "return (await MCP.constructor2.prototype2()).content[0].text") == "prototype"
     declared = value(s, "return API.read('mcp/github.d.ts')")
-    assert "function delete2(input?: Record<string, unknown>): Promise<McpToolResult>;" in declared
+    assert (
+        "function delete2(input?: Record<string, unknown>): "
+        "Promise<McpToolResult & { structuredContent?: { result: string; [key: string]: unknown } }>;"
+    ) in declared
     assert "function delete(" not in declared
     assert "declare namespace MCP.constructor2 {" in value(s, "return API.read('mcp/constructor.d.ts')")
 

@@ -81,8 +81,9 @@ def test_declaration_files_of_a_server_whose_name_is_not_a_path_segment(ecm):
     assert '/** server "My Server" (`MCP.myServer`): 3 tool(s); see mcp/myServer.d.ts */' in index
     declared = value(s, "return await API.read('mcp/myServer.d.ts')")
     assert (
-        "function getSum2(input: { a: number; b: number; [key: string]: unknown }): Promise<McpToolResult>;" in declared
-    )
+        "function getSum2(input: { a: number; b: number; [key: string]: unknown }): "
+        "Promise<McpToolResult & { structuredContent?: { result: number; [key: string]: unknown } }>;"
+    ) in declared
     assert '// MCP tool name: "get_sum"' in declared
     assert '// MCP tool name: "2fa-check"' in declared
 

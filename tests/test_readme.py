@@ -25,6 +25,8 @@ def test_readme_usage_example_runs_as_written():
     assert run_example("## Use")["result"]["status"] == "completed"  # type: ignore[index]
 
 
-@pytest.mark.parametrize("heading", ["### Concurrency", "### Long outputs", "### Approvals that pause a run"])
+@pytest.mark.parametrize(
+    "heading", ["### Concurrency", "### Long outputs", "### Approvals that pause a run", "### Defining tools"]
+)
 def test_readme_section_example_runs_as_written(heading: str):
     run_example(heading)

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     )
     from .policy import Block, Defer, Rewrite
     from .session import CodeMode, Completed, Failed, JsonOutput, Result, Session, Telemetry, TextOutput, Waiting
-    from .tools import Tool
+    from .tools import Tool, ToolContext
 
 _HOME = {
     "ApprovalRequest": "approvals",
@@ -65,6 +65,7 @@ _HOME = {
     "TextOutput": "session",
     "Waiting": "session",
     "Tool": "tools",
+    "ToolContext": "tools",
 }
 
 __all__ = [
@@ -91,6 +92,7 @@ __all__ = [
     "Telemetry",
     "TextOutput",
     "Tool",
+    "ToolContext",
     "ToolDefinitionError",
     "Waiting",
     "WorkerCrashed",

@@ -2,17 +2,20 @@
 
 Everything here is pure (no I/O) and deterministic, so a catalog built twice from the same tools
 renders the same bytes. Schemas are plain JSON Schema dicts; the ones built from Python functions
-come from msgspec and are made self-contained (``$ref`` inlined) so hints can be rendered from them.
+come from msgspec (a pydantic model in an annotation from its own ``model_json_schema``) and are
+made self-contained (``$ref`` inlined) so hints can be rendered from them. The same annotations
+make the call: `Parameters` converts a JSON input to them and says what is wrong when it cannot.
 
 **Closed** schemas. An output hint promises the model the exact shape of a result, so it is only
 rendered for a *closed* schema: every object level lists all of its keys
 (``additionalProperties: false``), and every other level is a primitive, an enum/const, or an
 array/tuple/union of closed things. ``dict[str, Any]``, ``Record``-like maps, ``{}``, unresolved or
 recursive references and ``allOf`` are open. Schemas built from a return annotation close every
-object that comes from a msgspec ``Struct``, dataclass, attrs class or ``TypedDict``: the encoder
-emits exactly the declared fields of the first three, and for a ``TypedDict`` (a plain dict at
-run time) it is the host's promise, enforced by :func:`compile_output_validator`. A type that
-explicitly sets ``additionalProperties`` (through ``Meta(extra_json_schema=...)``) keeps it.
+object that comes from a msgspec ``Struct``, dataclass, attrs class, pydantic model or
+``TypedDict``: the encoders emit exactly the declared fields of the first four (a model through
+``model_dump(mode="json")``), and for a ``TypedDict`` (a plain dict at run time) it is the host's
+promise, enforced by :func:`compile_output_validator`. A type that explicitly sets
+``additionalProperties`` (``Meta(extra_json_schema=...)``, a model's ``extra="allow"``) keeps it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import inspect
 import json
 import math
 import re
+import sys
+import types
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -36,6 +41,7 @@ __all__ = [
     "MAX_LABEL_CHARS",
     "MAX_SCHEMA_BYTES",
     "FunctionSchemas",
+    "Parameters",
     "array_of",
     "bounded_schema",
     "bounded_text",
@@ -44,6 +50,7 @@ __all__ = [
     "describe_function",
     "inline_refs",
     "input_hint",
+    "json_default",
     "output_hint",
     "quick_index",
     "schema_properties",
@@ -117,15 +124,12 @@ _PRIMITIVES = {"string": "string", "integer": "number", "number": "number", "boo
 
 
 class FunctionSchemas(typing.NamedTuple):
-    """What a tool function's signature says: its schemas and the type its input must convert to."""
+    """What a tool function's signature says: its schemas and how an input becomes its call."""
 
     input_schema: JsonSchema
     output_schema: JsonSchema | None
-    #: The msgspec struct of the parameters (None when the signature cannot be read).
-    input_type: type | None
-    #: What a call with an input that is not an object passes it as (the tool's first argument):
-    #: the name of the first parameter, ``""`` for ``*args`` (any value), None if it cannot.
-    positional: str | None = None
+    #: None when the signature cannot be read (the input is passed as it is).
+    parameters: Parameters | None = None
 
 
 def schemas_from_function(fn: Callable[..., Any]) -> tuple[JsonSchema, JsonSchema | None]:
@@ -134,31 +138,36 @@ def schemas_from_function(fn: Callable[..., Any]) -> tuple[JsonSchema, JsonSchem
     return described.input_schema, described.output_schema
 
 
-def describe_function(fn: Callable[..., Any]) -> FunctionSchemas:
-    """The input and output schemas of a tool function, both without ``$ref``, and its input type.
+def describe_function(fn: Callable[..., Any], *, context_type: type | None = None) -> FunctionSchemas:
+    """The input and output schemas of a tool function, both without ``$ref``, and its `Parameters`.
 
     The input is a closed object of the parameters (open when the function takes ``*args`` or
     ``**kwargs``); parameters without a default are required. Annotations are read with
     ``get_type_hints(include_extras=True)``, so ``Annotated[T, msgspec.Meta(description=...)]``
-    documents a parameter. Anything msgspec cannot describe (no annotation, a custom class,
+    documents a parameter. A pydantic model (anywhere in an annotation) is described by its own
+    ``model_json_schema``. Anything msgspec cannot describe (no annotation, a custom class,
     unresolvable forward references) becomes ``{}``: an honest "any" beats refusing the tool. The
-    output is None when the return annotation is missing, ``Any`` or indescribable.
+    output is None when the return annotation is missing, ``Any`` or indescribable. A parameter
+    annotated with ``context_type`` (or ``context_type | None``) is left out of the input: the
+    call fills it in (see ``Parameters.context``).
     """
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # some builtins have no signature: accept any arguments
-        return FunctionSchemas({"type": "object", "additionalProperties": True}, None, None)
+        return FunctionSchemas({"type": "object", "additionalProperties": True}, None)
     hints = _type_hints(fn)
-    first = next(iter(signature.parameters.values()), None)
+    context = _context_parameter(signature, hints, context_type)
+    params = [p for p in signature.parameters.values() if p.name != context]
     positional = None
-    if first is not None and first.kind is first.VAR_POSITIONAL:
+    if params and params[0].kind is params[0].VAR_POSITIONAL:
         positional = ""
-    elif first is not None and first.kind in (first.POSITIONAL_ONLY, first.POSITIONAL_OR_KEYWORD):
-        positional = first.name
+    elif params and params[0].kind in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+        positional = params[0].name
     fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
     rename: dict[str, str] = {}
+    bound: list[_Param] = []
     variadic = False
-    for index, param in enumerate(signature.parameters.values()):
+    for index, param in enumerate(params):
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             variadic = True
             continue
@@ -166,6 +175,7 @@ def describe_function(fn: Callable[..., Any]) -> FunctionSchemas:
         attr = f"p{index}"
         rename[attr] = param.name
         annotation = _describable(hints.get(param.name, Any))
+        bound.append(_Param(param.name, attr, annotation, param.default is param.empty, param.kind, param.default))
         if param.default is param.empty:
             fields.append((attr, annotation))
         elif param.default is None or isinstance(param.default, (str, int, float, bool)):
@@ -176,23 +186,24 @@ def describe_function(fn: Callable[..., Any]) -> FunctionSchemas:
             # the value in the schema.
             fields.append((attr, annotation, msgspec.field(default_factory=object)))
     struct = msgspec.defstruct("Input", fields, kw_only=True, forbid_unknown_fields=not variadic, rename=rename)
-    (root,), components = msgspec.json.schema_components([struct], schema_hook=_any_schema)
+    (root,), components = msgspec.json.schema_components([struct], schema_hook=_input_schema_hook)
     input_schema = inline_refs({**root, "$defs": components})
     input_schema.pop("title", None)  # the synthetic struct's name says nothing about the tool
     if variadic:
         input_schema["additionalProperties"] = True
+    parameters = Parameters(struct, tuple(bound), positional, variadic, context)
     returns = hints.get("return", Any)
     if returns is Any:
-        return FunctionSchemas(input_schema, None, struct, positional)
+        return FunctionSchemas(input_schema, None, parameters)
     try:
-        (root,), components = msgspec.json.schema_components([returns], schema_hook=_any_schema)
+        (root,), components = msgspec.json.schema_components([returns], schema_hook=_output_schema_hook)
     except (TypeError, ValueError):
-        return FunctionSchemas(input_schema, None, struct, positional)
+        return FunctionSchemas(input_schema, None, parameters)
     for component in components.values():
         if component.get("type") == "object":
             component.setdefault("additionalProperties", False)  # see "Closed" in the module docstring
     output_schema = inline_refs({**root, "$defs": components})
-    return FunctionSchemas(input_schema, output_schema or None, struct, positional)
+    return FunctionSchemas(input_schema, output_schema or None, parameters)
 
 
 def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
@@ -208,18 +219,287 @@ def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
         return {}
 
 
-def _any_schema(_cls: type) -> JsonSchema:
-    """msgspec ``schema_hook``: a type msgspec cannot describe accepts anything."""
-    return {}
+def _context_parameter(signature: inspect.Signature, hints: dict[str, Any], context_type: type | None) -> str | None:
+    """The parameter annotated with ``context_type`` (bare, ``Annotated`` or ``| None``), if any.
+    Raises ``ToolDefinitionError`` for two of them or one that cannot be passed by keyword."""
+    if context_type is None:
+        return None
+    found = [p for p in signature.parameters.values() if _is_type(hints.get(p.name), context_type)]
+    if not found:
+        return None
+    if len(found) > 1:
+        raise ToolDefinitionError(f"only one parameter may take the {context_type.__name__}")
+    param = found[0]
+    if param.kind not in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY):
+        raise ToolDefinitionError(f"the {context_type.__name__} parameter {param.name} must be passable by keyword")
+    return param.name
+
+
+def _is_type(annotation: Any, wanted: type) -> bool:
+    """``annotation`` is ``wanted``, ``Annotated[wanted, ...]`` or ``wanted | None``."""
+    if annotation is wanted:
+        return True
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _is_type(args[0], wanted)
+    if origin in (typing.Union, getattr(types, "UnionType", None)):
+        members = [arg for arg in args if arg is not type(None)]
+        return len(members) == 1 and members[0] is wanted
+    return False
+
+
+def _pydantic_model(cls: Any) -> bool:
+    """``cls`` is a pydantic (2.x) model class (pydantic is never imported here: a tool that uses
+    one has imported it already)."""
+    pydantic = sys.modules.get("pydantic")
+    if pydantic is None or not isinstance(cls, type) or not issubclass(cls, pydantic.BaseModel):
+        return False
+    return hasattr(cls, "model_validate")  # (a 1.x model is any other class: its JSON as is)
+
+
+def _input_schema_hook(cls: type) -> JsonSchema:
+    """msgspec ``schema_hook``: a pydantic model's own schema; any other type msgspec cannot
+    describe accepts anything."""
+    if not _pydantic_model(cls):
+        return {}
+    try:
+        return inline_refs(cls.model_json_schema())  # type: ignore[attr-defined]
+    except Exception:  # (a model with a field pydantic cannot describe)
+        return {}
+
+
+def _output_schema_hook(cls: type) -> JsonSchema:
+    """`_input_schema_hook` for a result: the model's serialization schema, every object in it
+    closed unless it says otherwise (``model_dump`` emits exactly the declared fields, and a
+    model with ``extra="allow"`` says ``additionalProperties: true``)."""
+    if not _pydantic_model(cls):
+        return {}
+    try:
+        schema: JsonSchema = cls.model_json_schema(mode="serialization")  # type: ignore[attr-defined]
+    except Exception:
+        return {}
+    for node in (schema, *schema.get("$defs", {}).values()):
+        if isinstance(node, dict) and node.get("type") == "object" and "properties" in node:
+            node.setdefault("additionalProperties", False)
+    return inline_refs(schema)
 
 
 def _describable(annotation: Any) -> Any:
     """``annotation`` if msgspec can build a schema for it, else ``Any`` (e.g. unions of str-likes)."""
     try:
-        msgspec.json.schema_components([annotation], schema_hook=_any_schema)
+        msgspec.json.schema_components([annotation], schema_hook=_input_schema_hook)
     except (TypeError, ValueError):
         return Any
     return annotation
+
+
+def json_default(value: Any) -> Any:
+    """msgspec ``enc_hook`` for results: a pydantic model as ``model_dump(mode="json")``."""
+    if _pydantic_model(type(value)):
+        return value.model_dump(mode="json")
+    raise TypeError(f"Encoding objects of type {type(value).__name__} is unsupported")
+
+
+def _from_json(cls: type, value: Any) -> Any:
+    """msgspec ``dec_hook``: a pydantic model validates its own input (its ``ValidationError``
+    becomes the conversion's cause); any other type msgspec does not know takes the JSON as is."""
+    if _pydantic_model(cls):
+        return cls.model_validate(value)  # type: ignore[attr-defined]
+    return value
+
+
+# ---- calls from inputs --------------------------------------------------------------------------
+
+
+class _Param(typing.NamedTuple):
+    name: str
+    attr: str
+    annotation: Any
+    required: bool
+    kind: Any
+    default: Any
+
+
+#: Problems one invalid input's message lists at most, and characters of a value it quotes.
+_MAX_PROBLEMS = 5
+_PREVIEW_CHARS = 40
+
+
+class Parameters:
+    """How a tool function is called with a JSON input: each argument converted to its
+    annotation (a dataclass, msgspec ``Struct`` or pydantic model arrives as an instance),
+    keyword arguments by name, positional-only ones in order, keys that only ``**kwargs`` takes
+    as they are. An input that is not an object is the first parameter's value (any value, as
+    it is, for ``*args``). ``context`` names the parameter the caller fills in itself (not in
+    the input).
+    """
+
+    __slots__ = ("_names", "_open", "_params", "_positional", "_struct", "context")
+
+    def __init__(
+        self,
+        struct: type | None,
+        params: tuple[_Param, ...],
+        positional: str | None,
+        open_: bool,
+        context: str | None,
+    ) -> None:
+        self._struct = struct
+        self._params = params
+        self._positional = positional
+        self._open = open_
+        self._names = frozenset(p.name for p in params)
+        self.context = context
+
+    @classmethod
+    def raw(cls, context: str | None) -> Parameters:
+        """An input passed as it is (a tool with an explicit input schema), ``context`` filled in."""
+        return cls(None, (), None, True, context)
+
+    @property
+    def converts(self) -> bool:
+        """Whether inputs are converted to the annotations (not passed as they are)."""
+        return self._struct is not None
+
+    def check(self, value: Any) -> str | None:
+        """None if ``value`` converts, else what is wrong with it (see `bind`)."""
+        bound = self.bind(value)
+        return bound if isinstance(bound, str) else None
+
+    def bind(self, value: Any) -> tuple[tuple[Any, ...], dict[str, Any]] | str:
+        """``(args, kwargs)`` for the function, or what is wrong with ``value``: up to five
+        problems as ``<path>: <problem>`` from ``$`` (``$.a: expected int, got str "1"``),
+        each quoting at most 40 characters of the value given."""
+        if self._struct is None:
+            return ((), dict(value)) if isinstance(value, dict) else ((value,), {})
+        if not isinstance(value, dict) and self._positional is not None:
+            if not self._positional:
+                return (value,), {}  # (``*args`` takes any value)
+            value = {self._positional: value}
+        try:
+            converted: Any = msgspec.convert(value, self._struct, dec_hook=_from_json)
+        except msgspec.ValidationError as e:
+            return self._problems(value, e)
+        positional: list[Any] = []
+        keywords: dict[str, Any] = {}
+        waiting: list[Any] = []  # positional-only defaults before a later positional-only argument
+        for param in self._params:
+            given = param.name in value
+            if param.kind is inspect.Parameter.POSITIONAL_ONLY:
+                if given:
+                    positional.extend(waiting)
+                    waiting = []
+                    positional.append(getattr(converted, param.attr))
+                else:
+                    waiting.append(param.default)
+            elif given:
+                keywords[param.name] = getattr(converted, param.attr)
+        if self._open:
+            keywords.update((k, v) for k, v in value.items() if k not in self._names)
+        return tuple(positional), keywords
+
+    def _problems(self, value: Any, error: msgspec.ValidationError) -> str:
+        """Every problem with ``value`` found one parameter at a time (the struct's conversion
+        stops at the first), or ``error``'s alone."""
+        found: list[str] = []
+        if isinstance(value, dict):
+            missing = [p.name for p in self._params if p.required and p.name not in value]
+            if missing:
+                found.append(f"$: object missing required field{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
+            if not self._open:
+                unknown = [k for k in value if k not in self._names]
+                if unknown:
+                    found.append(
+                        f"$: object contains unknown field{'s' if len(unknown) > 1 else ''} {_listed(unknown)}"
+                    )
+            for param in self._params:
+                if param.name in value and len(found) <= _MAX_PROBLEMS:
+                    try:
+                        msgspec.convert(value[param.name], param.annotation, dec_hook=_from_json)
+                    except msgspec.ValidationError as e:
+                        found.extend(_conversion_problems(e, value[param.name], f"$.{param.name}"))
+        if not found:
+            found = _conversion_problems(error, value, "$")
+        return _joined(found)
+
+
+def _listed(names: list[str]) -> str:
+    """Keys of a guest object, each quoted and bounded, at most five."""
+    shown = ", ".join(json.dumps(_clip(name, _PREVIEW_CHARS), ensure_ascii=False) for name in names[:_MAX_PROBLEMS])
+    return shown + (f" (and {len(names) - _MAX_PROBLEMS} more)" if len(names) > _MAX_PROBLEMS else "")
+
+
+def _joined(problems: list[str]) -> str:
+    shown = [_clip(problem, _MAX_ERROR_CHARS) for problem in problems[:_MAX_PROBLEMS]]
+    more = len(problems) - len(shown)
+    return "; ".join(shown) + (f" (and {more} more)" if more > 0 else "")
+
+
+_AT = re.compile(r"^(.*) - at `(\$[^`]*)`$", re.S)
+_STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+|\.\.\.)\]")
+
+
+def _conversion_problems(error: msgspec.ValidationError, value: Any, base: str) -> list[str]:
+    """``error`` as ``<path>: <problem>`` lines, its path under ``base``; a pydantic model's
+    errors (its ``ValidationError``, the cause) one line each."""
+    text = str(error)
+    match = _AT.match(text)
+    text, path = (match.group(1), match.group(2)) if match else (text, "$")
+    at = base + path[1:]
+    cause = error.__cause__
+    if cause is not None and type(cause).__name__ == "ValidationError" and hasattr(cause, "errors"):
+        return [_pydantic_problem(at, item) for item in cause.errors(include_url=False)]
+    given = _at_path(value, path)
+    if text.startswith("Invalid enum value"):
+        return [f"{at}: is not one of the allowed values, got {_preview(given)}"]
+    if text.startswith(_UNKNOWN_FIELD) and text.endswith("`"):
+        key = text[len(_UNKNOWN_FIELD) : -1]
+        return [f"{at}: object contains unknown field {json.dumps(_clip(key, _PREVIEW_CHARS), ensure_ascii=False)}"]
+    problem = _lower_first(text.replace("`", ""))
+    if ", got " in problem and given is not _ABSENT:
+        problem = f"{problem.partition(', got ')[0]}, got {_preview(given)}"
+    return [f"{at}: {problem}"]
+
+
+def _pydantic_problem(at: str, item: Mapping[str, Any]) -> str:
+    path = at
+    for part in item.get("loc", ()):
+        path += f"[{part}]" if isinstance(part, int) else f".{_clip(str(part), _PREVIEW_CHARS)}"
+    problem = _lower_first(str(item.get("msg", "is invalid")))
+    if item.get("type") not in ("missing", "extra_forbidden") and "input" in item:
+        problem += f", got {_preview(item['input'])}"
+    return f"{path}: {problem}"
+
+
+_ABSENT: Any = object()
+_UNKNOWN_FIELD = "Object contains unknown field `"
+
+
+def _at_path(value: Any, path: str) -> Any:
+    """The part of ``value`` a msgspec error path (``$.a[0]``) names, or ``_ABSENT``."""
+    for match in _STEP.finditer(path):
+        key, index = match.groups()
+        if key is not None and isinstance(value, dict) and key in value:
+            value = value[key]
+        elif index is not None and index.isdigit() and isinstance(value, (list, tuple)) and int(index) < len(value):
+            value = value[int(index)]
+        else:
+            return _ABSENT
+    return value
+
+
+def _preview(value: Any) -> str:
+    """What a guest gave, for a message: its JSON type and, for a scalar, at most 40 characters of it."""
+    if value is _ABSENT:
+        return "nothing"
+    kind = _json_type(value)
+    if isinstance(value, str):
+        shown = json.dumps(_clip(value, _PREVIEW_CHARS), ensure_ascii=False)
+        return f"{kind} {shown}" + (f" ({len(value)} characters)" if len(value) > _PREVIEW_CHARS else "")
+    if isinstance(value, (bool, int, float)):
+        return f"{kind} {_clip(json.dumps(value), _PREVIEW_CHARS)}"
+    return kind
 
 
 # ---- $ref inlining ------------------------------------------------------------------------------
@@ -792,8 +1072,7 @@ def _convert_check(input_type: type, positional: str | None, value: Any) -> str 
     try:
         msgspec.convert(value, input_type)
     except msgspec.ValidationError as e:
-        text, _, path = str(e).partition(" - at ")
-        return _clip(f"{path.strip('`') or '$'}: {_lower_first(text.replace('`', ''))}", _MAX_ERROR_CHARS)
+        return _joined(_conversion_problems(e, value, "$"))
     return None
 
 

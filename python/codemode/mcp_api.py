@@ -105,6 +105,8 @@ class _McpTool(Protocol):
     def description(self) -> str: ...
     @property
     def input_schema(self) -> dict[str, Any] | None: ...
+    @property
+    def declared_output_schema(self) -> dict[str, Any] | None: ...
 
 
 def camel_ident(name: str) -> str:
@@ -440,8 +442,27 @@ def tool_declaration(tool: _McpTool, ident: str) -> str:
     if ident != tool.name:
         lines.append(f"// MCP tool name: {json.dumps(tool.name)}")
     signature, optional = input_type(tool.input_schema)
-    lines.append(f"function {ident}(input{'?' if optional else ''}: {signature}): Promise<McpToolResult>;")
+    returns = output_type(tool.declared_output_schema)
+    lines.append(f"function {ident}(input{'?' if optional else ''}: {signature}): Promise<{returns}>;")
     return "\n".join(lines)
+
+
+def output_type(schema: Mapping[str, Any] | None) -> str:
+    """What an MCP tool's call resolves to: ``McpToolResult``, with ``structuredContent`` typed
+    by the tool's ``outputSchema`` when it declares one (the server's word, shown to the model
+    but never a trusted hint: it is not checked here)."""
+    if not isinstance(schema, Mapping):
+        return "McpToolResult"
+    node = inline_refs(dict(schema))
+    for depth in (_MAX_TYPE_DEPTH, 2, 1):
+        rendered = _ts_type(node, 0, depth)
+        if len(rendered) <= _MAX_SIGNATURE_CHARS:
+            break
+    else:
+        return "McpToolResult"
+    if rendered == "unknown":
+        return "McpToolResult"
+    return f"McpToolResult & {{ structuredContent?: {rendered} }}"
 
 
 def _requests(ops: Iterable[str]) -> list[str]:

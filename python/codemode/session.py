@@ -513,6 +513,7 @@ class CodeMode:
                             description=info.description,
                             label=info.title,
                             input_schema=info.input_schema,
+                            output_schema=info.output_schema,
                             loop=mcp.event_loop,
                         )
                     )
@@ -1040,6 +1041,8 @@ class CodeMode:
             namespace_calls=namespace_calls,
             mcp_ops=self._mcp_op if self._mcp is not None else None,
             approvals=Approvals(journal.approvals),
+            run_id=run_id,
+            agent_run=session.agent_run,
         )
         run = Run(scope, journal, dispatcher, run_id)
         self._live[run_id] = run
@@ -1289,6 +1292,7 @@ class CodeMode:
             gate=self._gate,
             read_only=True,
             namespace_calls=namespace_calls,
+            run_id=run_id,
         )
         run = Run((session_id, None), journal, dispatcher, run_id)
         run.timeout_ms = self.config.timeout_ms

@@ -6,8 +6,12 @@ pool (`supervisor.SYNC_TOOL_THREADS`): never on the thread that reads a worker, 
 stalls no other run. An ``async def`` tool runs on an event loop: the caller's own loop for
 ``exec_async``, or a private background loop for ``exec``. Every call passes the same gate:
 the run's catalog (policy-filtered), the ``before_tool_call`` hook, the approval (at once, or
-later: see `approvals`), then the tool, then its output contract. Results cross to the guest as
-JSON; an exception becomes a plain guest ``Error`` carrying only its message.
+later: see `approvals`), then the tool, then its output contract. A host tool's input is checked
+against its parameters' annotations before the gate, and converted to them (dataclasses, msgspec
+``Struct``s, pydantic models arrive as instances; see `catalog.Parameters`) after it, with a
+``ToolContext`` for the tool that asks for one. Results cross to the guest as JSON (a pydantic
+model as its ``model_dump(mode="json")``); an exception becomes a plain guest ``Error`` carrying
+only its message.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ __all__ = [
     "Dispatcher",
     "Gate",
     "Tool",
+    "ToolContext",
     "ToolRegistry",
     "result_bytes",
 ]
@@ -75,6 +80,8 @@ OUTPUT_TOOL = "\x00out"
 McpOps = Callable[[str, str, Any], Awaitable[Any]]
 LoopRef = Callable[[], asyncio.AbstractEventLoop]
 _encode = msgspec.json.encode
+#: A tool's result: what msgspec encodes, and pydantic models (`catalog.json_default`).
+_encode_value = msgspec.json.Encoder(enc_hook=catalog.json_default).encode
 _decode = msgspec.json.decode
 _log = logging.getLogger(__name__)
 #: Bytes of one tool result's JSON: the engine's ``max_bridge_bytes`` (its default, which every
@@ -97,6 +104,24 @@ CATALOG_BUDGET_BYTES = 16 << 20
 _FIT_DESCRIPTION_CHARS = (1024, 1024, 160)
 
 
+class ToolContext(msgspec.Struct, frozen=True, kw_only=True):
+    """What a tool that asks for it (a parameter annotated ``ToolContext``) learns about the
+    call it serves; never part of its input schema. ``run_id`` and ``call_id`` together name
+    one call (a restartSafe run may redo a call after a restart: the same pair)."""
+
+    #: The session the cell runs in.
+    session_id: str
+    #: The catalog id called (``host:billing:invoices_list``), however the cell named it.
+    tool_id: str
+    #: The session's agent run, if it has one.
+    agent_run: str | None = None
+    #: The run the call belongs to (the ``runId`` a ``waiting`` result gives); ``""`` for a
+    #: call the host makes (``tool_call``, a direct tool).
+    run_id: str = ""
+    #: The call's number within its run.
+    call_id: int = 0
+
+
 class Tool(msgspec.Struct, frozen=True, kw_only=True):
     """One tool backed by a Python callable, with its schemas and compact hints."""
 
@@ -115,11 +140,17 @@ class Tool(msgspec.Struct, frozen=True, kw_only=True):
     direct_only: bool = False
     input_schema: dict[str, Any] | None = None
     output_schema: dict[str, Any] | None = None
+    #: An MCP tool's ``outputSchema``: the server's word, shown in its declaration only (never
+    #: a hint, a search field or a contract).
+    declared_output_schema: dict[str, Any] | None = None
     input_hint: str = "unknown"
     output_hint: str | None = None
     fields: tuple[str, ...] = ()
     #: Checks a call's input before anything else sees it: None if valid, else the problem.
     check_input: Callable[[Any], str | None] | None = None
+    #: Makes the call of ``fn`` from an input (None: an object's keys are its keyword arguments,
+    #: any other value its one argument).
+    parameters: catalog.Parameters | None = None
     check_output: Callable[[Any], str | None] | None = None
     #: The event loop an async tool must run on (MCP tools: their client's loop), if not the run's.
     loop: Callable[[], asyncio.AbstractEventLoop] | None = None
@@ -175,23 +206,23 @@ def define_tool(
         # core names are the control tools themselves. A plugin's shell `exec` is catalogued.
         raise ToolDefinitionError(f"{name!r} is a code mode control tool name")
     trusted = source == "host"
-    input_type = positional = None
-    if trusted and (input_schema is None or output_schema is None):
-        try:
-            derived = catalog.describe_function(fn)
-        except (TypeError, ValueError, NameError) as e:
-            raise ToolDefinitionError(f"tool {name}: cannot derive schemas from its signature: {e}") from None
-        if input_schema is None:
-            input_schema, input_type, positional = derived.input_schema, derived.input_type, derived.positional
-        output_schema = derived.output_schema if output_schema is None else output_schema
+    parameters = None
+    if trusted:
+        input_schema, output_schema, parameters = _from_signature(fn, name, input_schema, output_schema)
     input_schema = _bounded_schema(name, "input", input_schema, trusted)
     output_schema = _bounded_schema(name, "output", output_schema, trusted)
+    declared_output, output_schema = (output_schema, None) if source == "mcp" else (None, output_schema)
+    hint = catalog.input_hint(input_schema) if trusted else "unknown"
     try:
-        check_input = catalog.compile_input_validator(
-            input_schema, input_type=input_type, positional=positional, trusted=trusted
+        check_input = (
+            parameters.check
+            if parameters is not None and parameters.converts
+            else catalog.compile_input_validator(input_schema, trusted=trusted)
         )
     except ToolDefinitionError as e:
         raise ToolDefinitionError(f"tool {name}: {e}") from None
+    if check_input is not None and hint != "unknown":
+        check_input = functools.partial(_with_hint, check_input, hint)
     doc = description if description is not None else inspect.getdoc(fn) or ""
     return Tool(
         id=f"{source}:{owner}:{name}",
@@ -207,13 +238,41 @@ def define_tool(
         direct_only=direct_only,
         input_schema=input_schema,
         output_schema=output_schema,
-        input_hint=catalog.input_hint(input_schema) if trusted else "unknown",
+        declared_output_schema=declared_output,
+        input_hint=hint,
         output_hint=catalog.output_hint(output_schema) if trusted else None,
         fields=tuple(catalog.search_fields(input_schema, output_schema)) if trusted else (),
         check_input=check_input,
+        parameters=parameters,
         check_output=catalog.compile_output_validator(output_schema) if trusted and output_schema else None,
         loop=loop,
     )
+
+
+def _from_signature(
+    fn: Callable[..., Any], name: str, input_schema: dict[str, Any] | None, output_schema: dict[str, Any] | None
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None, catalog.Parameters | None]:
+    """A host tool's schemas (the explicit ones, else its type hints') and how its input becomes
+    its call: converted to its annotations, or, with an explicit input schema, as it is (its
+    ``ToolContext`` filled in still)."""
+    try:
+        derived = catalog.describe_function(fn, context_type=ToolContext)
+    except ToolDefinitionError as e:
+        raise ToolDefinitionError(f"tool {name}: {e}") from None
+    except (TypeError, ValueError, NameError) as e:
+        raise ToolDefinitionError(f"tool {name}: cannot derive schemas from its signature: {e}") from None
+    parameters = derived.parameters
+    if input_schema is None:
+        input_schema = derived.input_schema
+    elif parameters is not None:
+        parameters = catalog.Parameters.raw(parameters.context) if parameters.context is not None else None
+    return input_schema, derived.output_schema if output_schema is None else output_schema, parameters
+
+
+def _with_hint(check: Callable[[Any], str | None], hint: str, value: Any) -> str | None:
+    """``check``'s problem with the input the tool takes, so the model can write it right."""
+    problem = check(value)
+    return None if problem is None else f"{problem}. It takes {hint}"
 
 
 def _bounded_schema(name: str, kind: str, schema: dict[str, Any] | None, trusted: bool) -> dict[str, Any] | None:
@@ -495,6 +554,13 @@ class Blocked(Refused):
         self.reason = reason
 
 
+class InvalidInput(Refused):
+    """A call's input, rewritten by a hook, does not convert to its tool's parameters."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(f"invalid input: {problem}")
+
+
 class Deferred(Exception):
     """The gate has no approval yet: the call waits for the host's (see `approvals`)."""
 
@@ -655,7 +721,7 @@ _UNDECODED: Any = object()
 def _encode_result(label: str, value: Any) -> bytes | str:
     """A result's JSON, encoded once; or the message of the call's failure if it cannot cross."""
     try:
-        payload = _encode(value)
+        payload = _encode_value(value)
     except RecursionError:
         return f"{label} returned a value that is nested too deeply for JSON"
     except (TypeError, ValueError, msgspec.EncodeError) as e:
@@ -695,6 +761,8 @@ class Dispatcher:
         namespace_calls: CallTable | None = None,
         mcp_ops: McpOps | None = None,
         approvals: Approvals | None = None,
+        run_id: str = "",
+        agent_run: str | None = None,
     ) -> None:
         self.view = view
         #: Where `readOutput` reads this session's cut outputs (none: it knows no handle).
@@ -712,6 +780,9 @@ class Dispatcher:
         self._can_defer = approvals is not None
         self.approvals = approvals if approvals is not None else Approvals({})
         self.session_id = session_id
+        #: The run these calls belong to and its agent run, for `ToolContext` (none: host-side calls).
+        self.run_id = run_id
+        self.agent_run = agent_run
         #: Restart-safe runs may only call read-only tools (they may be redone after a restart).
         self._read_only = read_only
         #: The exec/wait call the next calls belong to (for hooks and the trace).
@@ -979,7 +1050,7 @@ class Dispatcher:
         try:
             if not gated:
                 args = self._gate_sync(call_id, tool, args)
-            positional, keywords = _args(args)
+            positional, keywords = self._arguments(call_id, tool, args)
             result = self._finish(call_id, tool, tool.fn(*positional, **keywords))
         except Blocked as e:
             result = _blocked_result(call_id, tool, e)
@@ -994,6 +1065,27 @@ class Dispatcher:
             result = (call_id, False, _error_message(tool.id, e))
         self._record(call_id, tool.id, started, result[1])
         return result
+
+    def _arguments(self, call_id: int, tool: Tool, args: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The arguments ``tool.fn`` is called with for the input ``args`` (`catalog.Parameters`),
+        its ``ToolContext`` among them if it asks for one; ``InvalidInput`` if ``args`` (a hook's
+        rewrite: the call's own input was checked when it was planned) does not convert."""
+        parameters = tool.parameters
+        if parameters is None:
+            return _args(args)
+        bound = parameters.bind(args)
+        if isinstance(bound, str):
+            raise InvalidInput(bound)
+        positional, keywords = bound
+        if parameters.context is not None:
+            keywords[parameters.context] = ToolContext(
+                session_id=self.session_id,
+                tool_id=tool.id,
+                agent_run=self.agent_run,
+                run_id=self.run_id,
+                call_id=call_id,
+            )
+        return positional, keywords
 
     def _refusal(self, call_id: int, tool: Tool) -> Callable[[str], Result]:
         """Answers ``tool``'s call as the host rejected it (with the reason given)."""
@@ -1043,7 +1135,7 @@ class Dispatcher:
                 except Blocked as blocked:
                     return _blocked_result(call_id, tool, blocked)
                 return None
-            positional, keywords = _args(gated)
+            positional, keywords = self._arguments(call_id, tool, gated)
             value = tool.fn(*positional, **keywords)
             if inspect.isawaitable(value):
                 value = await value
