@@ -372,3 +372,28 @@ def test_annotated_constraints_still_check_through_conversion(make_codemode):
     assert error(cm, "tools.pages({n: 11})").startswith(
         "invalid input for tool host:core:pages: $.n: expected int <= 10"
     )
+
+
+def test_pydantic_field_metadata_describes_checks_and_defaults_a_plain_parameter(make_codemode):
+    cm = make_codemode({"workers": 1})
+    got: list[Any] = []
+
+    @cm.tool
+    def page(
+        n: Annotated[int, pydantic.Field(ge=1, description="page number")],
+        size: int = pydantic.Field(10, le=50),
+        seen: list[int] = pydantic.Field(default_factory=list),  # noqa: B008 (the FastMCP way, under test)
+    ) -> int:
+        seen.append(n)
+        got.append((n, size, seen))
+        return n
+
+    described = value(cm, "return await tools.describe('page')")
+    assert described["input"] == "{ n: number; size?: number; seen?: number[] }"
+    assert described["parameters"]["properties"]["n"] == {"description": "page number", "minimum": 1, "type": "integer"}
+    assert value(cm, "return [await tools.page({n: 1}), await tools.page({n: 2})]") == [1, 2]
+    assert got == [(1, 10, [1]), (2, 10, [2])]  # the Field's default, a fresh list per call
+    assert error(cm, "tools.page({n: 0, size: 99})").partition(". It takes")[0] == (
+        "invalid input for tool host:core:page: $.n: input should be greater than or equal to 1, got int 0; "
+        "$.size: input should be less than or equal to 50, got int 99"
+    )

@@ -174,12 +174,13 @@ def describe_function(fn: Callable[..., Any], *, context_type: type | None = Non
         # Synthetic attribute names sidestep names a Struct cannot hold (``__x``); rename restores them.
         attr = f"p{index}"
         rename[attr] = param.name
-        annotation = _describable(hints.get(param.name, Any))
-        bound.append(_Param(param.name, attr, annotation, param.default is param.empty, param.kind, param.default))
-        if param.default is param.empty:
+        annotation, default, fill = _pydantic_field(hints.get(param.name, Any), param.default)
+        annotation = _describable(annotation)
+        bound.append(_Param(param.name, attr, annotation, default is param.empty, param.kind, default, fill))
+        if default is param.empty:
             fields.append((attr, annotation))
-        elif param.default is None or isinstance(param.default, (str, int, float, bool)):
-            fields.append((attr, annotation, param.default))  # a JSON scalar: shown as the schema default
+        elif default is None or isinstance(default, (str, int, float, bool)):
+            fields.append((attr, annotation, default))  # a JSON scalar: shown as the schema default
         else:
             # Other defaults may be mutable or not JSON; the struct is only built to check an
             # input, then dropped, so an unused factory marks the field optional without putting
@@ -258,9 +259,52 @@ def _pydantic_model(cls: Any) -> bool:
     return hasattr(cls, "model_validate")  # (a 1.x model is any other class: its JSON as is)
 
 
+def _pydantic_field(annotation: Any, default: Any) -> tuple[Any, Any, Callable[[], Any] | None]:
+    """``(annotation, default, fill)`` of a parameter that pydantic's own metadata describes
+    (``Annotated[int, Field(ge=1, description=...)]``, ``= Field(5, ...)``, ``annotated_types``
+    bounds): a type that pydantic alone checks and describes (`_Adapted`), the default a
+    ``Field`` holds, and what makes it for a call that leaves the argument out (the function's
+    own default is the ``Field`` itself); any other parameter as it is, with no ``fill``."""
+    pydantic = sys.modules.get("pydantic")
+    if pydantic is None:
+        return annotation, default, None
+    fill = None
+    if isinstance(default, pydantic.fields.FieldInfo):
+        annotation = typing.Annotated[annotation, default]
+        if default.is_required():
+            default = inspect.Parameter.empty
+        else:
+            fill = functools.partial(default.get_default, call_default_factory=True)
+            default = fill()
+    metadata = typing.get_args(annotation)[1:] if typing.get_origin(annotation) is typing.Annotated else ()
+    if not any(type(item).__module__.split(".")[0] in ("pydantic", "annotated_types") for item in metadata):
+        return annotation, default, fill
+    try:
+        adapter = pydantic.TypeAdapter(annotation)
+    except Exception:  # (pydantic cannot build it: msgspec's reading, metadata ignored)
+        return annotation, default, fill
+    return type("Validated", (_Adapted,), {"adapter": adapter}), default, fill
+
+
+class _AnyInstance(type):
+    """msgspec checks that its ``dec_hook`` returns an instance of the type asked for; what an
+    `_Adapted` type's adapter returns (an ``int``, a list) counts as one."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return True
+
+
+class _Adapted(metaclass=_AnyInstance):
+    """A parameter type that a pydantic ``TypeAdapter`` (``adapter``) checks and describes."""
+
+    adapter: Any
+
+
 def _input_schema_hook(cls: type) -> JsonSchema:
-    """msgspec ``schema_hook``: a pydantic model's own schema; any other type msgspec cannot
-    describe accepts anything."""
+    """msgspec ``schema_hook``: a pydantic model's (or `_Adapted` type's) own schema; any other
+    type msgspec cannot describe gets none, and msgspec refuses it (see `_describable`)."""
+    if isinstance(cls, type) and issubclass(cls, _Adapted):
+        return inline_refs(cls.adapter.json_schema())
     if not _pydantic_model(cls):
         return {}
     try:
@@ -286,7 +330,9 @@ def _output_schema_hook(cls: type) -> JsonSchema:
 
 
 def _describable(annotation: Any) -> Any:
-    """``annotation`` if msgspec can build a schema for it, else ``Any`` (e.g. unions of str-likes)."""
+    """``annotation`` if msgspec can describe it, pydantic through `_input_schema_hook`, else
+    ``Any`` (unions of str-likes; a custom class anywhere in it: the hook gives it no schema, so
+    it takes its JSON as it is, and `_from_json` never meets it)."""
     try:
         msgspec.json.schema_components([annotation], schema_hook=_input_schema_hook)
     except (TypeError, ValueError):
@@ -302,11 +348,13 @@ def json_default(value: Any) -> Any:
 
 
 def _from_json(cls: type, value: Any) -> Any:
-    """msgspec ``dec_hook``: a pydantic model validates its own input (its ``ValidationError``
-    becomes the conversion's cause); any other type msgspec does not know takes the JSON as is."""
+    """msgspec ``dec_hook``: a pydantic model (or `_Adapted` type) validates its own input (its
+    ``ValidationError`` becomes the conversion's cause). No other type reaches it (see `_describable`)."""
     if _pydantic_model(cls):
         return cls.model_validate(value)  # type: ignore[attr-defined]
-    return value
+    if isinstance(cls, type) and issubclass(cls, _Adapted):
+        return cls.adapter.validate_python(value)
+    raise TypeError(f"cannot convert to {cls.__name__}")
 
 
 # ---- calls from inputs --------------------------------------------------------------------------
@@ -319,6 +367,8 @@ class _Param(typing.NamedTuple):
     required: bool
     kind: Any
     default: Any
+    #: Makes the argument when the input leaves it out (None: the function's own default).
+    fill: Callable[[], Any] | None = None
 
 
 #: Problems one invalid input's message lists at most, and characters of a value it quotes.
@@ -386,15 +436,19 @@ class Parameters:
         waiting: list[Any] = []  # positional-only defaults before a later positional-only argument
         for param in self._params:
             given = param.name in value
+            if given:
+                argument = getattr(converted, param.attr)
+            elif param.fill is not None:
+                given, argument = True, param.fill()
             if param.kind is inspect.Parameter.POSITIONAL_ONLY:
                 if given:
                     positional.extend(waiting)
                     waiting = []
-                    positional.append(getattr(converted, param.attr))
+                    positional.append(argument)
                 else:
                     waiting.append(param.default)
             elif given:
-                keywords[param.name] = getattr(converted, param.attr)
+                keywords[param.name] = argument
         if self._open:
             keywords.update((k, v) for k, v in value.items() if k not in self._names)
         return tuple(positional), keywords
