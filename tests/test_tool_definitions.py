@@ -397,3 +397,18 @@ def test_pydantic_field_metadata_describes_checks_and_defaults_a_plain_parameter
         "invalid input for tool host:core:page: $.n: input should be greater than or equal to 1, got int 0; "
         "$.size: input should be less than or equal to 50, got int 99"
     )
+
+
+class Opaque:
+    """A class msgspec and pydantic know nothing of."""
+
+
+def test_a_parameter_of_an_unknown_class_takes_its_json_as_it_is(make_codemode):
+    cm = make_codemode({"workers": 1})
+
+    @cm.tool
+    def keep(thing: Opaque, more: list[Opaque] = []) -> list[Any]:  # noqa: B006
+        return [thing, more]
+
+    assert value(cm, "return await tools.describe('keep')")["input"] == "{ thing: unknown; more?: unknown }"
+    assert value(cm, "return await tools.keep({thing: {a: 1}, more: [2]})") == [{"a": 1}, [2]]

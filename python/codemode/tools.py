@@ -107,7 +107,7 @@ _FIT_DESCRIPTION_CHARS = (1024, 1024, 160)
 class ToolContext(msgspec.Struct, frozen=True, kw_only=True):
     """What a tool that asks for it (a parameter annotated ``ToolContext``) learns about the
     call it serves; never part of its input schema. ``run_id`` and ``call_id`` together name
-    one call (a restartSafe run may redo a call after a restart: the same pair)."""
+    one call of a run."""
 
     #: The session the cell runs in.
     session_id: str
