@@ -1214,7 +1214,7 @@ def _input_problem(error: fastjsonschema.JsonSchemaValueException) -> str:
     rule, definition = error.rule, error.rule_definition
     if rule == "type":
         kinds = definition if isinstance(definition, list) else [definition]
-        problem = f"expected {' or '.join(str(kind) for kind in kinds)}, got {_json_type(error.value)}"
+        problem = f"expected {' or '.join(str(kind) for kind in kinds)}, got {_preview(error.value)}"
     elif rule == "required":
         present = error.value if isinstance(error.value, dict) else {}
         missing = [str(name) for name in definition or [] if name not in present]
