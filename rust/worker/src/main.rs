@@ -74,7 +74,10 @@ fn send(frame: &WorkerFrame) -> Result<(), Fatal> {
 fn serve() -> Result<(), Fatal> {
     let mut reader = FrameReader::new(STDIN);
     let mut worker = Worker::new();
-    send(&WorkerFrame::Ready(Ready { pid: std::process::id().into(), engine_version: env!("CARGO_PKG_VERSION").into() }))?;
+    send(&WorkerFrame::Ready(Ready {
+        pid: std::process::id().into(),
+        engine_version: env!("CARGO_PKG_VERSION").into(),
+    }))?;
     // Before it blocks for the next frame, the worker does its idle work (~0.5 ms: free the
     // last engine, build the next) after giving the host this long to send a frame first.
     let mut grace = Duration::ZERO;
@@ -82,7 +85,7 @@ fn serve() -> Result<(), Fatal> {
         let len = match reader.poll()? {
             Some(len) => len,
             None => {
-                if worker.has_idle_work() && !(!grace.is_zero() && readable_within(STDIN, grace)) {
+                if worker.has_idle_work() && (grace.is_zero() || !readable_within(STDIN, grace)) {
                     worker.idle();
                 }
                 match reader.read_blocking()? {
@@ -117,7 +120,7 @@ fn echo() -> Result<(), Fatal> {
     while let Some(len) = reader.read_blocking()? {
         let out = match protocol::decode::<AnyFrame>(reader.body(len)) {
             Ok(frame) => protocol::encode(&frame)?,
-            Err(e) => protocol::encode(&("error", e.0))?,
+            Err(e) => protocol::encode(&("error", e.0.as_str()))?,
         };
         reader.consume(len);
         write_all(STDOUT, &out)?;

@@ -177,10 +177,8 @@ mod tests {
     fn frames_cut_into_short_writes_read_back_whole() {
         let (r, w) = pipe();
         let frames: Vec<Vec<u8>> = vec![b"abc".to_vec(), vec![7u8; 200_000], Vec::new()];
-        let stream: Vec<u8> = frames
-            .iter()
-            .flat_map(|f| (f.len() as u32).to_be_bytes().into_iter().chain(f.iter().copied()))
-            .collect();
+        let stream: Vec<u8> =
+            frames.iter().flat_map(|f| (f.len() as u32).to_be_bytes().into_iter().chain(f.iter().copied())).collect();
         let writer = std::thread::spawn(move || {
             for chunk in stream.chunks(333) {
                 write_all(w, chunk).expect("writes");

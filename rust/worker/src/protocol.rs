@@ -22,12 +22,12 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::num::NonZeroU32;
+use std::ops::Deref;
 
 use codemode_engine::CallMethod;
 use serde::de::{self, DeserializeSeed, IgnoredAny, SeqAccess, Visitor};
 use serde::ser::SerializeTuple;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use serde_bytes::ByteBuf;
 
 /// Cap on one frame in either direction: `MAX_FRAME_BYTES` in protocol.py (pinned by a test).
 pub const MAX_FRAME_BYTES: usize = 64 << 20;
@@ -36,6 +36,95 @@ pub const MAX_FRAME_BYTES: usize = 64 << 20;
 macro_rules! count {
     () => { 0usize };
     ($head:tt $($tail:tt)*) => { 1usize + count!($($tail)*) };
+}
+
+/// `str`: a msgpack str. (serde's `String` also takes bin holding UTF-8, which msgspec refuses.)
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Text(pub String);
+
+impl Deref for Text {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for Text {
+    fn from(text: String) -> Text {
+        Text(text)
+    }
+}
+
+impl From<&str> for Text {
+    fn from(text: &str) -> Text {
+        Text(text.to_owned())
+    }
+}
+
+impl Serialize for Text {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct TextOnly;
+
+        impl Visitor<'_> for TextOnly {
+            type Value = Text;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a str")
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Text, E> {
+                Ok(Text(text.to_owned()))
+            }
+
+            fn visit_string<E: de::Error>(self, text: String) -> Result<Text, E> {
+                Ok(Text(text))
+            }
+        }
+
+        d.deserialize_string(TextOnly)
+    }
+}
+
+/// `bytes`: a msgpack bin. (rmp-serde hands a str that is not UTF-8 over as bytes too: that
+/// one str msgspec refuses is taken here.)
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Bin(pub Vec<u8>);
+
+impl Serialize for Bin {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Bin {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct BinOnly;
+
+        impl Visitor<'_> for BinOnly {
+            type Value = Bin;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a bin")
+            }
+
+            fn visit_bytes<E: de::Error>(self, bytes: &[u8]) -> Result<Bin, E> {
+                Ok(Bin(bytes.to_vec()))
+            }
+
+            fn visit_byte_buf<E: de::Error>(self, bytes: Vec<u8>) -> Result<Bin, E> {
+                Ok(Bin(bytes))
+            }
+        }
+
+        d.deserialize_bytes(BinOnly)
+    }
 }
 
 /// A `Literal` of strings: encoded as its text, any other text refused.
@@ -139,11 +228,11 @@ impl<'de> Deserialize<'de> for OutputKind {
 /// `ClockRun`: a reading (whole ms) and how many times in a row it was read (1 to 2**32-1).
 pub type ClockRun = (f64, NonZeroU32);
 /// A tool result: `(call_id, ok, payload)`.
-pub type Result3 = (u32, bool, String);
+pub type Result3 = (u32, bool, Text);
 /// `Call`: `(call_id, tool, input, method)`.
-pub type Call = (u32, String, String, Method);
+pub type Call = (u32, Text, Text, Method);
 /// `Report.failure`: `(code, name, message, stack)`.
-pub type FailureTuple = (Option<FailureCode>, String, String, String);
+pub type FailureTuple = (Option<FailureCode>, Text, Text, Text);
 
 /// The element reader of a struct's array: counts fields for the error of a missing one.
 struct Fields<'a, A> {
@@ -291,23 +380,23 @@ frame!(
     /// Limits and catalog for the engines built from now on (sent only when they change).
     Configure["configure"] {
         limits: EngineLimits,
-        catalog_json: String,
+        catalog_json: Text,
         /// Hash of `catalog_json`: journals record it, a replay must see the same catalog.
-        fingerprint: String,
+        fingerprint: Text,
         /// The semantic search model as a pack, or empty: BM25 alone.
-        semantic: ByteBuf = ByteBuf::new(),
+        semantic: Bin = Bin::default(),
     }
 );
 
 frame!(
     Start["start"] {
         run: u64,
-        source: String,
-        language: String,
+        source: Text,
+        language: Text,
         timeout_ms: f64,
         seed: u64,
         /// The run's setup: `{"namespaces"?: [...], "store"?: {key: json}}` (`{}` for none).
-        run_json: String = String::from("{}"),
+        run_json: Text = Text(String::from("{}")),
     }
 );
 
@@ -335,7 +424,7 @@ frame!(
 );
 
 frame!(
-    Ready["ready"] { pid: u64, engine_version: String }
+    Ready["ready"] { pid: u64, engine_version: Text }
 );
 
 frame!(
@@ -343,9 +432,9 @@ frame!(
     Report["report"] {
         run: u64,
         status: Status,
-        value: Option<String>,
+        value: Option<Text>,
         failure: Option<FailureTuple>,
-        outputs: Vec<(OutputKind, String)>,
+        outputs: Vec<(OutputKind, Text)>,
         calls: Vec<Call>,
         clock_reads: Vec<ClockRun>,
         in_flight: u64,
@@ -353,19 +442,21 @@ frame!(
         searches: u64,
         describes: u64,
         /// On completion: the cell's `store` writes, `{key: json | null}`.
-        store_writes: Option<String>,
+        store_writes: Option<Text>,
     }
 );
 
 frame!(
     /// The worker could not serve a frame (e.g. its runtime could not be built).
-    Fault["fault"] { run: u64, message: String }
+    Fault["fault"] { run: u64, message: Text }
 );
 
 /// A tagged union of frames (msgspec picks the struct by the tag at the head of the array).
 macro_rules! union {
     ($(#[$meta:meta])* $name:ident { $($variant:ident),+ $(,)? }) => {
         $(#[$meta])*
+        // (A frame is built once and moved once or twice: a `Report` needs no box.)
+        #[allow(clippy::large_enum_variant)]
         #[derive(Debug, Clone, PartialEq)]
         pub enum $name { $($variant($variant)),+ }
 
@@ -484,7 +575,7 @@ mod tests {
             run: 3,
             status: Status::Failed,
             value: None,
-            failure: Some((Some(FailureCode::Timeout), "E".into(), "m".into(), String::new())),
+            failure: Some((Some(FailureCode::Timeout), "E".into(), "m".into(), Text::default())),
             outputs: vec![(OutputKind(6), "image/png;AA".into())],
             calls: vec![(7, "t".into(), "{}".into(), Method(CallMethod::ReadOutput))],
             clock_reads: vec![(1.0, NonZeroU32::MIN)],
@@ -507,7 +598,7 @@ mod tests {
         // ["start", 1, "s", "js", 1, 2]: run_json left out, an int timeout.
         let start: HostFrame = decode(b"\x96\xa5start\x01\xa1s\xa2js\x01\x02").expect("decodes");
         let HostFrame::Start(start) = start else { panic!("not a start") };
-        assert_eq!((start.timeout_ms, start.run_json.as_str()), (1.0, "{}"));
+        assert_eq!((start.timeout_ms, &*start.run_json), (1.0, "{}"));
         // ["drop", 5, 6]: the extra element is ignored, as msgspec ignores it.
         assert!(matches!(decode::<HostFrame>(b"\x93\xa4drop\x05\x06"), Ok(HostFrame::Drop(Drop { run: 5 }))));
         assert!(decode::<HostFrame>(b"\x92\xa4drop\x05\x00").is_err());

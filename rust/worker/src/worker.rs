@@ -15,8 +15,8 @@ use codemode_engine::semantic::Model;
 use codemode_engine::{Catalog, Engine, Language, Limits, Outcome, Settlement, Status as EngineStatus, ToolCall};
 
 use crate::protocol::{
-    Call, ClockRun, Configure, EngineLimits, Fault, FailureCode, HostFrame, Method, OutputKind, Replay, Report,
-    Result3, Settle, Start, Status, WorkerFrame,
+    Call, ClockRun, Configure, EngineLimits, FailureCode, Fault, HostFrame, Method, OutputKind, Replay, Report,
+    Result3, Settle, Start, Status, Text, WorkerFrame,
 };
 
 /// What the next engines are built with (from the last `Configure`).
@@ -56,16 +56,16 @@ fn language(name: &str) -> Option<Language> {
 }
 
 fn settlements(results: Vec<Result3>) -> Vec<Settlement> {
-    results.into_iter().map(|(id, ok, payload)| Settlement { id, ok, payload }).collect()
+    results.into_iter().map(|(id, ok, payload)| Settlement { id, ok, payload: payload.0 }).collect()
 }
 
 fn calls(calls: Vec<ToolCall>) -> Vec<Call> {
-    calls.into_iter().map(|c| (c.id, c.tool, c.input_json, Method(c.method))).collect()
+    calls.into_iter().map(|c| (c.id, c.tool.into(), c.input_json.into(), Method(c.method))).collect()
 }
 
 /// A replay's calls as its report carries them: each input by its hash.
 fn hashed(calls: &[ToolCall]) -> impl Iterator<Item = Call> + '_ {
-    calls.iter().map(|c| (c.id, c.tool.clone(), input_hash(&c.input_json), Method(c.method)))
+    calls.iter().map(|c| (c.id, c.tool.as_str().into(), input_hash(&c.input_json).into(), Method(c.method)))
 }
 
 /// Clock runs of a report: a run read zero times says nothing (and the protocol refuses it).
@@ -87,28 +87,30 @@ fn failure_code(code: codemode_engine::ErrorCode) -> FailureCode {
 /// One engine outcome as a report of run `run`.
 fn report(run: u64, outcome: Outcome) -> Report {
     let (status, value, failure) = match outcome.status {
-        EngineStatus::Completed(json) => (Status::Completed, Some(json), None),
+        EngineStatus::Completed(json) => (Status::Completed, Some(json.into()), None),
         EngineStatus::Pending => (Status::Pending, None, None),
-        EngineStatus::Failed(f) => (Status::Failed, None, Some((f.code.map(failure_code), f.name, f.message, f.stack))),
+        EngineStatus::Failed(f) => {
+            (Status::Failed, None, Some((f.code.map(failure_code), f.name.into(), f.message.into(), f.stack.into())))
+        }
     };
     Report {
         run,
         status,
         value,
         failure,
-        outputs: outcome.outputs.into_iter().map(|o| (OutputKind(o.kind as u8), o.text)).collect(),
+        outputs: outcome.outputs.into_iter().map(|o| (OutputKind(o.kind as u8), o.text.into())).collect(),
         calls: calls(outcome.calls),
         clock_reads: clock_runs(&outcome.clock_reads),
         in_flight: outcome.in_flight as u64,
         memory_bytes: outcome.memory_bytes as u64,
         searches: outcome.searches.into(),
         describes: outcome.describes.into(),
-        store_writes: outcome.store_writes,
+        store_writes: outcome.store_writes.map(Text),
     }
 }
 
 fn fault(run: u64, message: impl Into<String>) -> WorkerFrame {
-    WorkerFrame::Fault(Fault { run, message: message.into() })
+    WorkerFrame::Fault(Fault { run, message: Text(message.into()) })
 }
 
 fn pending(outcome: &Outcome) -> bool {
@@ -177,7 +179,7 @@ impl Worker {
     fn start(&mut self, start: Start) -> WorkerFrame {
         // (The Python worker ended on an unknown language; the host never sends one.)
         let Some(language) = language(&start.language) else {
-            return fault(start.run, format!("unknown language: {:?}", start.language));
+            return fault(start.run, format!("unknown language: {:?}", &*start.language));
         };
         let mut engine = match self.engine() {
             Ok(engine) => engine,
@@ -202,14 +204,14 @@ impl Worker {
     fn configure(&mut self, frame: Configure) -> Option<WorkerFrame> {
         let changed = match &self.config {
             None => true,
-            Some(config) => config.fingerprint != frame.fingerprint || self.semantic.0 != *frame.semantic,
+            Some(config) => config.fingerprint != *frame.fingerprint || self.semantic.0 != frame.semantic.0,
         };
         if changed {
-            if *frame.semantic != self.semantic.0 {
-                let model = if frame.semantic.is_empty() {
+            if frame.semantic.0 != self.semantic.0 {
+                let model = if frame.semantic.0.is_empty() {
                     None
                 } else {
-                    match Model::from_pack(&frame.semantic) {
+                    match Model::from_pack(&frame.semantic.0) {
                         Ok(model) => Some(Arc::new(model)),
                         Err(e) => {
                             self.config = None;
@@ -218,7 +220,7 @@ impl Worker {
                         }
                     }
                 };
-                self.semantic = (frame.semantic.into_vec(), model);
+                self.semantic = (frame.semantic.0, model);
             }
             match Catalog::from_json_with(&frame.catalog_json, false, self.semantic.1.clone()) {
                 Ok(catalog) => self.catalog = Some(Arc::new(catalog)),
@@ -229,7 +231,7 @@ impl Worker {
                 }
             }
         }
-        self.config = Some(Config { limits: frame.limits, fingerprint: frame.fingerprint });
+        self.config = Some(Config { limits: frame.limits, fingerprint: frame.fingerprint.0 });
         self.spare = None;
         None
     }
@@ -237,7 +239,7 @@ impl Worker {
     fn replay(&mut self, frame: Replay) -> WorkerFrame {
         let Replay { start, batches, clock_reads } = frame;
         let Some(language) = language(&start.language) else {
-            return fault(start.run, format!("unknown language: {:?}", start.language));
+            return fault(start.run, format!("unknown language: {:?}", &*start.language));
         };
         let mut engine = match self.engine() {
             Ok(engine) => engine,
