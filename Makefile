@@ -36,7 +36,10 @@ WHEEL_INPUTS := $(RUST_INPUTS) $(PY_INPUTS) README.md
 WORKER_BIN := python/codemode/codemode-worker
 CARGO_TARGET := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 # The wheel's worker is linked with zig against glibc 2.17, as the manylinux2014 extension is.
+# In a target dir of its own: cargo-zigbuild's C compiler is not maturin's, and sharing one
+# dir would rebuild QuickJS for each in turn.
 WHEEL_TARGET := x86_64-unknown-linux-gnu
+ZIG_TARGET := $(CARGO_TARGET)/zigbuild
 
 # Force a rebuild when the artifact a stamp vouches for has gone missing.
 EXT_FORCE := $(if $(and $(wildcard python/codemode/_engine*.so),$(wildcard $(WORKER_BIN))),,FORCE)
@@ -126,12 +129,16 @@ $(WHEEL_STAMP): $(WHEEL_INPUTS) $(DEPS_STAMP) $(WHEEL_FORCE)
 	@test -x $(VENV)/bin/cargo-zigbuild || { echo ">> installing cargo-zigbuild"; $(PIP) install cargo-zigbuild; }
 	@mkdir -p dist && rm -f dist/codemode-*.whl
 	@echo ">> cargo zigbuild --release -p codemode-worker --target $(WHEEL_TARGET).2.17"
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/cargo-zigbuild build --release -q -p codemode-worker \
-	  --target $(WHEEL_TARGET).2.17
-	cp $(CARGO_TARGET)/$(WHEEL_TARGET)/release/codemode-worker $(WORKER_BIN).tmp && mv -f $(WORKER_BIN).tmp $(WORKER_BIN)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" CARGO_TARGET_DIR=$(ZIG_TARGET) \
+	  $(VENV)/bin/cargo-zigbuild build --release -q -p codemode-worker --target $(WHEEL_TARGET).2.17
 	@echo ">> maturin build --release --zig --compatibility manylinux2014"
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(MATURIN) build --release --zig \
-	  --compatibility manylinux2014 -i $(VPY) -o dist -q
+	@# The wheel's worker stands in for the dev build's only while maturin packages it: the
+	@# tests run against the dev build, as they run against the dev build of the extension.
+	trap 'test ! -e $(WORKER_BIN).dev || mv -f $(WORKER_BIN).dev $(WORKER_BIN)' EXIT; \
+	  test ! -e $(WORKER_BIN) || mv -f $(WORKER_BIN) $(WORKER_BIN).dev; \
+	  cp $(ZIG_TARGET)/$(WHEEL_TARGET)/release/codemode-worker $(WORKER_BIN); \
+	  PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(MATURIN) build --release --zig \
+	    --compatibility manylinux2014 -i $(VPY) -o dist -q
 	@whl=$$(ls dist/codemode-*.whl); echo ">> built $$whl"; \
 	  case "$$whl" in *abi3*manylinux*) ;; *) echo "error: expected an abi3 manylinux wheel, got $$whl" >&2; exit 1;; esac
 	@touch $@
