@@ -29,11 +29,21 @@ WHEEL_STAMP := dist/.wheel-stamp
 # include_str!/include_bytes!), plus the workspace manifests.
 RUST_INPUTS := $(shell find rust -type f -not -path '*/target/*' 2>/dev/null) Cargo.toml Cargo.lock pyproject.toml
 # The wheel also packages the Python sources and README (project metadata).
-PY_INPUTS := $(shell find python -type f -not -name '*.so' -not -name '*.pyc' -not -path '*/__pycache__/*' 2>/dev/null)
+PY_INPUTS := $(shell find python -type f -not -name '*.so' -not -name 'codemode-worker*' -not -name '*.pyc' -not -path '*/__pycache__/*' 2>/dev/null)
 WHEEL_INPUTS := $(RUST_INPUTS) $(PY_INPUTS) README.md
 
+# The worker binary (rust/worker) goes next to the package: found there by workers.py, and
+# packaged from there into the wheel (pyproject.toml, [tool.maturin] include).
+WORKER_BIN := python/codemode/codemode-worker
+CARGO_TARGET := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
+# The wheel's worker is linked with zig against glibc 2.17, as the manylinux2014 extension is.
+# In a target dir of its own: cargo-zigbuild's C compiler is not maturin's, and sharing one
+# dir would rebuild QuickJS for each in turn.
+WHEEL_TARGET := x86_64-unknown-linux-gnu
+ZIG_TARGET := $(CARGO_TARGET)/zigbuild
+
 # Force a rebuild when the artifact a stamp vouches for has gone missing.
-EXT_FORCE := $(if $(wildcard python/codemode/_engine*.so),,FORCE)
+EXT_FORCE := $(if $(and $(wildcard python/codemode/_engine*.so),$(wildcard $(WORKER_BIN))),,FORCE)
 WHEEL_FORCE := $(if $(wildcard dist/codemode-*.whl),,FORCE)
 
 export PIP_NO_INPUT := 1
@@ -55,9 +65,13 @@ $(DEPS_STAMP): pyproject.toml
 	$(PIP) install $(DEV_DEPS)
 	@touch $@
 
-build: $(BUILD_STAMP) ## Build the Rust extension (release) and install codemode editable into .venv
+build: $(BUILD_STAMP) ## Build the Rust extension and the worker binary (release) and install codemode editable into .venv
 
+# (The binary is renamed into place: a running worker keeps the file it was started from.)
 $(BUILD_STAMP): $(RUST_INPUTS) $(DEPS_STAMP) $(EXT_FORCE)
+	@echo ">> cargo build --release -p codemode-worker"
+	cargo build --release -p codemode-worker -q
+	cp $(CARGO_TARGET)/release/codemode-worker $(WORKER_BIN).tmp && mv -f $(WORKER_BIN).tmp $(WORKER_BIN)
 	@echo ">> maturin develop --release"
 	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(MATURIN) develop --release -q
 	@touch $@
@@ -113,17 +127,26 @@ wheel: $(WHEEL_STAMP) ## Build the abi3 manylinux2014 (manylinux_2_17) wheel int
 
 $(WHEEL_STAMP): $(WHEEL_INPUTS) $(DEPS_STAMP) $(WHEEL_FORCE)
 	@$(VPY) -c 'import ziglang' 2>/dev/null || { echo ">> installing ziglang"; $(PIP) install ziglang; }
+	@test -x $(VENV)/bin/cargo-zigbuild || { echo ">> installing cargo-zigbuild"; $(PIP) install cargo-zigbuild; }
 	@mkdir -p dist && rm -f dist/codemode-*.whl
+	@echo ">> cargo zigbuild --release -p codemode-worker --target $(WHEEL_TARGET).2.17"
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" CARGO_TARGET_DIR=$(ZIG_TARGET) \
+	  $(VENV)/bin/cargo-zigbuild build --release -q -p codemode-worker --target $(WHEEL_TARGET).2.17
 	@echo ">> maturin build --release --zig --compatibility manylinux2014"
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(MATURIN) build --release --zig \
-	  --compatibility manylinux2014 -i $(VPY) -o dist -q
+	@# The wheel's worker stands in for the dev build's only while maturin packages it: the
+	@# tests run against the dev build, as they run against the dev build of the extension.
+	trap 'test ! -e $(WORKER_BIN).dev || mv -f $(WORKER_BIN).dev $(WORKER_BIN)' EXIT; \
+	  test ! -e $(WORKER_BIN) || mv -f $(WORKER_BIN) $(WORKER_BIN).dev; \
+	  cp $(ZIG_TARGET)/$(WHEEL_TARGET)/release/codemode-worker $(WORKER_BIN); \
+	  PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(MATURIN) build --release --zig \
+	    --compatibility manylinux2014 -i $(VPY) -o dist -q
 	@whl=$$(ls dist/codemode-*.whl); echo ">> built $$whl"; \
 	  case "$$whl" in *abi3*manylinux*) ;; *) echo "error: expected an abi3 manylinux wheel, got $$whl" >&2; exit 1;; esac
 	@touch $@
 
 clean: ## Remove build outputs and caches (target/, dist/, the in-tree .so, stamps); keeps .venv
 	rm -rf target dist .pytest_cache .ruff_cache .mypy_cache $(BUILD_STAMP)
-	rm -f python/codemode/_engine*.so
+	rm -f python/codemode/_engine*.so $(WORKER_BIN)
 	find python tests benches -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true
 
 FORCE:

@@ -1,7 +1,9 @@
-"""Hostile worker output: the host reads typed frames or replaces the worker, nothing else.
+"""Hostile worker output: the host reads typed frames or replaces the worker, nothing else. And
+the worker binary, fed anything a host could write: it replies with frames or exits, never
+panics, never dies of a signal.
 
 A few generated examples on every run, plus the committed regression inputs; ``make fuzz`` runs
-the same property (``frame_fuzz.py``) for longer and saves any failing input next to them.
+the same properties (``frame_fuzz.py``) for longer and saves any failing input next to them.
 """
 
 from __future__ import annotations
@@ -12,11 +14,23 @@ from typing import Any
 
 import pytest
 from codemode.errors import ProtocolError, WorkerCrashed
-from codemode.protocol import MAX_FRAME_BYTES, Ready, Report
-from frame_fuzz import check_stream, encode_frames, good_streams, read_stream, streams
+from codemode.protocol import MAX_FRAME_BYTES, Configure, EngineLimits, Ready, Report, Settle, Start
+from frame_fuzz import (
+    CATALOGS,
+    check_stream,
+    check_worker,
+    encode_frames,
+    good_host_streams,
+    good_streams,
+    host_streams,
+    read_stream,
+    run_worker,
+    streams,
+)
 from hypothesis import HealthCheck, given, settings
 
 REGRESSIONS = pathlib.Path(__file__).parent / "fuzz_regressions" / "frames"
+WORKER_REGRESSIONS = pathlib.Path(__file__).parent / "fuzz_regressions" / "worker"
 FEW = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
@@ -69,3 +83,56 @@ def test_committed_regression_input(path: pathlib.Path) -> None:
     data = path.read_bytes()
     for chunks in ([1 << 16], [1], [3, 4096]):
         check_stream(data, chunks)
+
+
+# ---- the worker binary ----------------------------------------------------------------------
+@FEW
+@given(host_streams)
+def test_any_host_output_gets_frames_from_the_worker_then_its_exit_0_or_1(stream: tuple[bytes, list[int]]) -> None:
+    check_worker(*stream)
+
+
+@FEW
+@given(good_host_streams)
+def test_well_formed_host_frames_each_get_their_reply_and_the_worker_exits_0(
+    stream: tuple[list[Any], list[int]],
+) -> None:
+    frames, chunks = stream
+    check_worker(encode_frames(frames), chunks, expected=frames)
+
+
+def test_worker_refuses_a_length_over_the_cap_before_the_body() -> None:
+    frames, end, status = run_worker((MAX_FRAME_BYTES + 1).to_bytes(4, "big") + b"x" * 10, [1 << 16])
+    assert [type(f) for f in frames] == [Ready]
+    assert isinstance(end, WorkerCrashed)
+    assert status == 1
+
+
+def test_worker_at_end_of_file_inside_a_frame_exits_0() -> None:
+    frames, _end, status = run_worker((MAX_FRAME_BYTES - 1).to_bytes(4, "big") + b"x" * 100, [7])
+    assert [type(f) for f in frames] == [Ready]
+    assert status == 0
+
+
+def test_worker_serves_a_cell_with_a_tool_call_and_settles_it() -> None:
+    limits = EngineLimits(16 << 20, 1 << 16, 16, 8, 50)
+    catalog = CATALOGS[2]  # one host tool, echo
+    sent = [
+        Configure(limits, catalog, "fp"),
+        Start(1, "return (await tools.echo({v: 1})).v + 1", "javascript", 1000.0, 7),
+        Settle(1, [(1, True, '{"v": 41}')], 1000.0),
+    ]
+    frames, _end, status = run_worker(encode_frames(sent), [1 << 16])
+    assert status == 0
+    ready, pending, done = frames
+    assert isinstance(ready, Ready) and ready.engine_version
+    assert isinstance(pending, Report) and pending.status == "pending"
+    assert pending.calls == [(1, "host:core:echo", '{"v":1}', "callValue")]
+    assert isinstance(done, Report) and (done.status, done.value) == ("completed", "42")
+
+
+@pytest.mark.parametrize(
+    "path", sorted([*WORKER_REGRESSIONS.glob("*.bin"), *REGRESSIONS.glob("*.bin")]), ids=lambda p: p.stem
+)
+def test_committed_regression_input_fed_to_the_worker(path: pathlib.Path) -> None:
+    check_worker(path.read_bytes(), [1 << 16])

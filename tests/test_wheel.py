@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -52,12 +53,13 @@ _SCRUB = (
 
 CHECK = r"""
 import json, sys
-import codemode, codemode._engine
+import codemode, codemode._engine, codemode.workers
 with codemode.CodeMode() as cm:
     result = cm.session().exec({"code": "return 1+1"})
 print(json.dumps({
     "codemode": codemode.__file__,
     "engine": codemode._engine.__file__,
+    "worker": str(codemode.workers.WORKER_BINARY),
     "path": sys.path,
     "result": result,
 }))
@@ -109,9 +111,16 @@ def test_wheel_installs_into_fresh_venv_and_runs(wheel: Path, tmp_path: Path) ->
     assert "manylinux" in wheel.name, wheel.name
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
+        worker_mode = zf.getinfo("codemode/codemode-worker").external_attr >> 16
+        worker = zf.read("codemode/codemode-worker")
     extensions = [n for n in names if n.startswith("codemode/_engine") and n.endswith(".so")]
     assert extensions == ["codemode/_engine.abi3.so"], extensions
     assert "codemode/__init__.py" in names
+    assert "codemode/_worker.py" not in names  # the worker is the binary: no Python in it
+    assert worker_mode & 0o111 == 0o111, oct(worker_mode)  # pip keeps the executable bits
+    # The worker binary needs no newer glibc than the manylinux2014 extension may (2.17).
+    glibc = {(int(a), int(b)) for a, b in re.findall(rb"GLIBC_(\d+)\.(\d+)", worker)}
+    assert glibc and max(glibc) <= (2, 17), sorted(glibc)
 
     base = shutil.which("python3") or sys.executable
     venv = tmp_path / "venv"
@@ -125,7 +134,7 @@ def test_wheel_installs_into_fresh_venv_and_runs(wheel: Path, tmp_path: Path) ->
     report = json.loads(proc.stdout.strip().splitlines()[-1])
 
     site = venv.resolve()
-    for key in ("codemode", "engine"):
+    for key in ("codemode", "engine", "worker"):
         assert Path(report[key]).resolve().is_relative_to(site), (key, report[key])
     src = str(ROOT / "python")
     assert not any(p and Path(p).resolve() == Path(src).resolve() for p in report["path"]), report["path"]

@@ -13,10 +13,12 @@ hypothesis, each for ``FUZZ_SECONDS`` (default 60); prints executions, seconds a
   tool input, store, console, yield), through the front end and the engine; seeds are its
   regression inputs (``rust/engine/fuzz/regressions-deep/``) and one input per construct.
 * ``frames``: ``tests/frame_fuzz.py``'s property over the host's ``WorkerProcess.recv``.
+* ``worker``: the same module's property over the worker binary (rust/worker) fed any stream a
+  host could write: frames back or an exit (0 or 1), never a panic, a signal or a hang.
 
 A crash becomes a committed regression input: ``rust/engine/fuzz/regressions/`` or
 ``regressions-deep/`` (replayed by ``cargo test``: ``rust/engine/tests/fuzz_regressions.rs``),
-or ``tests/fuzz_regressions/frames/`` (replayed by ``tests/test_frame_fuzz.py``). The command
+or ``tests/fuzz_regressions/frames/`` and ``worker/`` (replayed by ``tests/test_frame_fuzz.py``). The command
 fails if it found any crash.
 """
 
@@ -45,6 +47,7 @@ DEEP_REGRESSIONS = FUZZ_DIR / "regressions-deep"
 #: per fragment index below this bound.
 DEEP_NESTERS = 37
 FRAME_REGRESSIONS = ROOT / "tests" / "fuzz_regressions" / "frames"
+WORKER_REGRESSIONS = ROOT / "tests" / "fuzz_regressions" / "worker"
 #: libFuzzer's per-input limit: well past any slice the harness gives the guest (24 x 80 ms).
 UNIT_TIMEOUT_S = 20
 
@@ -280,7 +283,11 @@ def fuzz_frames(seconds: float) -> Figures:
         finally:
             tracemalloc.stop()
 
-    rotation = [any_stream, good_stream, traced_stream]
+    return _rotate(figures, [any_stream, good_stream, traced_stream], failing, FRAME_REGRESSIONS, seconds)
+
+
+def _rotate(figures: Figures, rotation: list[Any], failing: list[bytes], regressions: Path, seconds: float) -> Figures:
+    """Runs the hypothesis batches in turn for ``seconds``; a failing input is kept in ``regressions``."""
     start = time.monotonic()
     turn = 0
     while time.monotonic() - start < seconds:
@@ -292,8 +299,8 @@ def fuzz_frames(seconds: float) -> Figures:
                 raise
             traceback.print_exception(e, limit=3)
             data = failing[-1] if failing else b""
-            path = FRAME_REGRESSIONS / f"{hashlib.sha1(data).hexdigest()}.bin"
-            FRAME_REGRESSIONS.mkdir(parents=True, exist_ok=True)
+            path = regressions / f"{hashlib.sha1(data).hexdigest()}.bin"
+            regressions.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
             if path not in figures.crashes:
                 figures.crashes.append(path)
@@ -302,12 +309,47 @@ def fuzz_frames(seconds: float) -> Figures:
     return figures
 
 
+# ---- the worker binary ----------------------------------------------------------------------
+def fuzz_worker(seconds: float) -> Figures:
+    import frame_fuzz
+    from hypothesis import HealthCheck, given, settings
+
+    figures = Figures("worker", note="hypothesis over the codemode-worker binary's stdin")
+    failing: list[bytes] = []
+
+    def checked(data: bytes, chunks: list[int], expected: list[Any] | None = None) -> None:
+        figures.execs += 1
+        try:
+            frame_fuzz.check_worker(data, chunks, expected)
+        except BaseException:
+            failing.append(data)
+            raise
+
+    batch = settings(
+        max_examples=200, deadline=None, database=None, suppress_health_check=list(HealthCheck), print_blob=False
+    )
+
+    @batch
+    @given(frame_fuzz.host_streams)
+    def any_stream(stream: tuple[bytes, list[int]]) -> None:
+        checked(*stream)
+
+    @batch
+    @given(frame_fuzz.good_host_streams)
+    def good_stream(stream: tuple[list[Any], list[int]]) -> None:
+        checked(frame_fuzz.encode_frames(stream[0]), stream[1], expected=stream[0])
+
+    return _rotate(figures, [any_stream, good_stream], failing, WORKER_REGRESSIONS, seconds)
+
+
 def main() -> int:
     seconds = float(os.environ.get("FUZZ_SECONDS", "60"))
     sanitizer = os.environ.get("FUZZ_SANITIZER", "address")
     results = [fuzz_engine(seconds, sanitizer), fuzz_engine(seconds, sanitizer, "deep")]
     log(f"frames: hypothesis for {seconds:g} s")
     results.append(fuzz_frames(seconds))
+    log(f"worker: hypothesis for {seconds:g} s")
+    results.append(fuzz_worker(seconds))
     print()
     print(f"{'target':<8} {'execs':>10} {'seconds':>8} {'crashes':>8} {'timeouts':>9}  how")
     for f in results:

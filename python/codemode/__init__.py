@@ -6,8 +6,8 @@
             return a + b
         print(cm.session().exec({"code": "return await tools.add({a: 1, b: 2})"}))
 
-The public names load on first use: a worker process imports ``codemode._worker`` through this
-package and should not pay for the host's modules (asyncio, the supervisor) at every spawn.
+The public names load on first use: ``import codemode`` (or of one of its modules, e.g.
+``codemode.protocol``) does not pay for the host's modules (asyncio, the supervisor).
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ as the expected union is a ``ProtocolError`` and its sender is discarded.
 
     host -> worker: Configure | Start | Settle | Replay | Drop
     worker -> host: Ready | Report | Fault
+
+The worker is a Rust binary (rust/worker): its ``protocol.rs`` mirrors these structs with serde
+and rmp-serde, and ``tests/test_protocol_pinned.py`` pins it to them (hypothesis builds every
+frame, msgspec encodes it, the binary decodes and re-encodes it, the bytes must be equal).
 """
 
 from __future__ import annotations
@@ -277,7 +281,7 @@ def decode_guest_json(text: str | bytes) -> Any:
         pass
     except RecursionError:  # an engine caps guest values at depth 64: this came from elsewhere
         raise ProtocolError("worker sent a value nested too deeply") from None
-    import json  # only here: a worker imports this module and should not pay for json
+    import json  # only here: the fallback is rare
 
     try:
         return _replace_surrogates(json.loads(text))

@@ -8,8 +8,9 @@
           ├─ residents          runs whose runtime lives there (parked, queued, running)
           └─ reader             who reads its pipe now: its reader thread, or a waiting caller
 
-Workers are separate processes (``subprocess`` — never ``fork`` — ``python -I``, an empty
-environment, their own session and process group, RLIMIT_AS and RLIMIT_CPU). Every frame from
+Workers are separate processes: the ``codemode-worker`` binary shipped next to this module
+(rust/worker; ``subprocess``, never ``fork``; an empty environment; their own session and
+process group; RLIMIT_AS and RLIMIT_CPU, which it sets from its arguments). Every frame from
 a worker is untrusted: size-capped and decoded against the protocol union; a worker that sends
 anything else is discarded. A worker executes one frame at a time, in the order written; the
 supervisor writes small frames behind the one it executes (so a busy worker reads its next frame
@@ -24,9 +25,9 @@ import os
 import select
 import signal
 import subprocess
-import sys
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
@@ -45,9 +46,9 @@ WORKER_ADDRESS_SLACK = 2 << 30
 #: RLIMIT_CPU (seconds) for a worker; it is recycled well before it could reach this.
 WORKER_CPU_SECONDS = 3600
 
-#: The worker's entry. msgspec imports typing_extensions only if it can (it falls back to
-#: `typing`), and that import (with `inspect`) is ~a third of a worker's start-up: block it.
-_WORKER_MAIN = "import sys; sys.modules['typing_extensions'] = None; from codemode._worker import main; main()"
+#: The worker binary (rust/worker), built next to the package by ``make build`` and shipped in
+#: the wheel. Missing, every spawn fails with an ``OSError``: runs fail ``runtime_unavailable``.
+WORKER_BINARY = Path(__file__).with_name("codemode-worker")
 
 
 class WorkerProcess:
@@ -55,7 +56,7 @@ class WorkerProcess:
 
     def __init__(self, address_space: int) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", _WORKER_MAIN, str(address_space), str(WORKER_CPU_SECONDS)],
+            [WORKER_BINARY, str(address_space), str(WORKER_CPU_SECONDS)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

@@ -1,0 +1,159 @@
+//! `codemode-worker`: frames in on stdin, engine calls, frames out on stdout.
+//!
+//! ```text
+//!   supervisor ──Configure|Start|Settle|Replay|Drop──> stdin ─┐
+//!                                                            ├─ Worker ── Engine (QuickJS), one per run
+//!   supervisor <──────────Ready|Report|Fault─────────── stdout ┘
+//! ```
+//!
+//! Started by the supervisor (python/codemode/workers.py) as `codemode-worker ADDRESS_SPACE
+//! CPU_SECONDS`, with an empty environment, in its own process group; it sets RLIMIT_AS and
+//! RLIMIT_CPU from those two before anything else. It holds the engines of its resident runs
+//! and, while idle, builds the next engine so a new cell does not wait for a runtime. It exits
+//! at end of file (0), and on a frame it cannot read (1, the reason on stderr): the host
+//! discards a worker that does either. It never touches a file or opens a socket.
+//!
+//! `codemode-worker echo` decodes each frame (of either direction) and writes it back
+//! re-encoded, or `["error", reason]`: how tests pin the Rust codec to protocol.py.
+
+mod pipe;
+mod protocol;
+mod worker;
+
+use std::io;
+use std::os::fd::RawFd;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use pipe::{readable_within, write_all, FrameReader};
+use protocol::{AnyFrame, HostFrame, Ready, Status, WorkerFrame};
+use worker::Worker;
+
+/// How long a worker whose run just parked on tool calls gives the host to answer before it
+/// does its idle work (freeing the last engine, building the next).
+const PARKED_GRACE: Duration = Duration::from_micros(2000);
+/// The same for a run that ended after it had parked: the host is finishing the `exec`. Short,
+/// so that the next engine is still built before a cell that follows within a few ms.
+const ENDED_GRACE: Duration = Duration::from_micros(500);
+
+const STDIN: RawFd = 0;
+const STDOUT: RawFd = 1;
+
+/// Lowers a resource's limit to `value` (and its hard limit with it, when that was unlimited).
+fn limit(resource: libc::__rlimit_resource_t, value: u64) -> io::Result<()> {
+    let mut current = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `current` is a valid rlimit to write into.
+    if unsafe { libc::getrlimit(resource, &mut current) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let hard = current.rlim_max;
+    let cap = if hard == libc::RLIM_INFINITY { value } else { value.min(hard) };
+    let new = libc::rlimit { rlim_cur: cap, rlim_max: if hard == libc::RLIM_INFINITY { cap } else { hard } };
+    // SAFETY: `new` is a valid rlimit.
+    if unsafe { libc::setrlimit(resource, &new) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Why the worker stopped before end of file.
+struct Fatal(String);
+
+impl<E: std::fmt::Display> From<E> for Fatal {
+    fn from(e: E) -> Self {
+        Fatal(e.to_string())
+    }
+}
+
+fn send(frame: &WorkerFrame) -> Result<(), Fatal> {
+    write_all(STDOUT, &protocol::encode(frame)?)?;
+    Ok(())
+}
+
+/// The worker's loop: until end of file (where it exits), read a frame, serve it, reply.
+fn serve() -> Result<(), Fatal> {
+    let mut reader = FrameReader::new(STDIN);
+    let mut worker = Worker::new();
+    send(&WorkerFrame::Ready(Ready {
+        pid: std::process::id().into(),
+        engine_version: env!("CARGO_PKG_VERSION").into(),
+    }))?;
+    // Before it blocks for the next frame, the worker does its idle work (~0.5 ms: free the
+    // last engine, build the next) after giving the host this long to send a frame first.
+    let mut grace = Duration::ZERO;
+    loop {
+        let len = match reader.poll()? {
+            Some(len) => len,
+            None => {
+                if worker.has_idle_work() && (grace.is_zero() || !readable_within(STDIN, grace)) {
+                    worker.idle();
+                }
+                match reader.read_blocking()? {
+                    Some(len) => len,
+                    // Nothing is left to do: the resident engines need no teardown.
+                    None => std::process::exit(0),
+                }
+            }
+        };
+        let frame: HostFrame = protocol::decode(reader.body(len))?;
+        reader.consume(len);
+        let settle = matches!(frame, HostFrame::Settle(_));
+        let reply = worker.handle(frame);
+        if let Some(reply) = &reply {
+            send(reply)?;
+        }
+        grace = match reply {
+            // Parked on tools, which usually answer within microseconds: the rebuild waits for a
+            // slow answer (or for a run the host suspends, which sends nothing).
+            Some(WorkerFrame::Report(report)) if report.status == Status::Pending => PARKED_GRACE,
+            // A run that parked has ended. The host may be finishing it on a thread that a
+            // rebuild started now would keep off a CPU for its whole ~0.5 ms.
+            _ if settle => ENDED_GRACE,
+            _ => Duration::ZERO,
+        };
+    }
+}
+
+/// `echo`: every frame read back re-encoded (or `["error", reason]`), until end of file.
+fn echo() -> Result<(), Fatal> {
+    let mut reader = FrameReader::new(STDIN);
+    while let Some(len) = reader.read_blocking()? {
+        let out = match protocol::decode::<AnyFrame>(reader.body(len)) {
+            Ok(frame) => protocol::encode(&frame)?,
+            Err(e) => protocol::encode(&("error", e.0.as_str()))?,
+        };
+        reader.consume(len);
+        write_all(STDOUT, &out)?;
+    }
+    Ok(())
+}
+
+/// A number argument (`default` when absent).
+fn arg(args: &[String], at: usize, default: u64) -> Result<u64, Fatal> {
+    match args.get(at) {
+        None => Ok(default),
+        Some(text) => text.parse().map_err(|_| Fatal(format!("argument {at} is not a number: {text:?}"))),
+    }
+}
+
+fn run() -> Result<(), Fatal> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("echo") {
+        return echo();
+    }
+    let memory_cap = arg(&args, 1, 4 << 30)?;
+    let cpu_seconds = arg(&args, 2, 3600)?;
+    limit(libc::RLIMIT_AS, memory_cap)?;
+    limit(libc::RLIMIT_CPU, cpu_seconds)?;
+    serve()
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Fatal(message)) => {
+            eprintln!("codemode-worker: {message}");
+            ExitCode::from(1)
+        }
+    }
+}
