@@ -222,7 +222,8 @@ impl OutputKind {
         }
     }
 
-    fn from_i32(v: i32) -> Option<OutputKind> {
+    /// The kind a number names (the prelude's `hostEmit(kind, …)`, a report frame's field).
+    pub fn from_i32(v: i32) -> Option<OutputKind> {
         Some(match v {
             0 => OutputKind::Text,
             1 => OutputKind::Json,

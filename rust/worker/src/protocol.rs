@@ -205,7 +205,7 @@ impl<'de> Deserialize<'de> for Method {
     }
 }
 
-/// `OutputKind`: `Literal[0, 1, 2, 3, 4, 5, 6]`.
+/// `OutputKind`: protocol.py's `Literal[0, ...]`, the engine's `OutputKind` by number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OutputKind(pub u8);
 
@@ -218,8 +218,8 @@ impl Serialize for OutputKind {
 impl<'de> Deserialize<'de> for OutputKind {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let kind = u8::deserialize(d)?;
-        if kind > 6 {
-            return Err(de::Error::invalid_value(de::Unexpected::Unsigned(kind.into()), &"an output kind 0-6"));
+        if codemode_engine::OutputKind::from_i32(kind.into()).is_none() {
+            return Err(de::Error::invalid_value(de::Unexpected::Unsigned(kind.into()), &"an output kind"));
         }
         Ok(OutputKind(kind))
     }
