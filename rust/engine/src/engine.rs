@@ -1006,6 +1006,7 @@ fn install_prelude<'js>(
             Ok(reading)
         })?,
     )?;
+    host.set("maxValueDepth", MAX_VALUE_DEPTH as u32)?;
     host.set(
         "checkDepth",
         Function::new(ctx.clone(), move |ctx: Ctx<'js>, what: String, json: String| -> rquickjs::Result<()> {

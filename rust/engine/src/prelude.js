@@ -13,6 +13,7 @@
   const hostEmit = host.emit;
   const hostNow = host.now;
   const hostCheckDepth = host.checkDepth;
+  const MAX_VALUE_DEPTH = host.maxValueDepth;
 
   const ReflectApply = Reflect.apply;
   const ReflectConstruct = Reflect.construct;
@@ -280,13 +281,32 @@
       site = outer;
     }
   }
+  const STACK_EXCEEDED = "Maximum call stack size exceeded";
+  function overflowed(error) {
+    try {
+      return error instanceof RangeErrorCtor && error.message === STACK_EXCEEDED;
+    } catch (_) {
+      return false; // a guest's error whose getters throw: not the engine's overflow
+    }
+  }
+  let tooDeep = "";
+  function tooDeepJson() {
+    if (tooDeep === "") {
+      for (let i = 0; i <= MAX_VALUE_DEPTH; i++) tooDeep = "[" + tooDeep + "]";
+    }
+    return tooDeep;
+  }
   function serialize(value) {
     if (value === undefined) return "null";
     if (typeof value !== "function" && typeof value !== "symbol") {
       try {
         const text = JsonStringify(value, replacer);
         if (text !== undefined) return text;
-      } catch (_) {
+      } catch (e) {
+        // The engine's stringify ran out of C stack (thousands of levels: how many depends on
+        // the compiler): the value is far deeper than may leave. JSON one level past the limit
+        // says so where the way out checks it, never the walker's cut copy.
+        if (overflowed(e)) return tooDeepJson();
         // cycles and BigInt: fall through to the walker
       }
     }
@@ -620,7 +640,12 @@
     key = storeKey(key);
     let text = null;
     if (value !== undefined) {
-      text = JsonStringify(value);
+      try {
+        text = JsonStringify(value);
+      } catch (e) {
+        if (!overflowed(e)) throw e;
+        text = tooDeepJson(); // (refused just below, naming the limit)
+      }
       if (text === undefined) throw new TypeErrorCtor("store(key, value): value is not JSON-serializable");
       if (text.length > MAX_STORE_VALUE) throw new RangeErrorCtor("store(key, value): a value may hold at most 262,144 characters of JSON");
       hostCheckDepth("store(key, value): the value", text);
