@@ -528,17 +528,16 @@ impl fmt::Display for DecodeError {
     }
 }
 
-/// One frame from a whole body: the body must hold exactly one msgpack value.
-pub fn decode<'de, T: Deserialize<'de>>(body: &'de [u8]) -> Result<T, DecodeError> {
-    let mut de = rmp_serde::Deserializer::from_read_ref(body);
-    let frame = T::deserialize(&mut de).map_err(|e| DecodeError(e.to_string()))?;
-    // Past the frame, reading another value must meet the end of the body.
-    match IgnoredAny::deserialize(&mut de) {
-        Err(rmp_serde::decode::Error::InvalidMarkerRead(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-            Ok(frame)
-        }
-        _ => Err(DecodeError("trailing bytes after the frame".to_owned())),
+/// One frame from a whole body: the body must hold exactly one msgpack value. (Read through a
+/// slice that advances as it is read, so what is left after the frame is exact: trying to read a
+/// second value instead would take a truncated one, `0x81` say, for the end of the body.)
+pub fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, DecodeError> {
+    let mut rest = body;
+    let frame = T::deserialize(&mut rmp_serde::Deserializer::new(&mut rest)).map_err(|e| DecodeError(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(DecodeError("trailing bytes after the frame".to_owned()));
     }
+    Ok(frame)
 }
 
 /// The frame with its 4-byte big-endian length prefix, ready for one write.
@@ -602,6 +601,9 @@ mod tests {
         // ["drop", 5, 6]: the extra element is ignored, as msgspec ignores it.
         assert!(matches!(decode::<HostFrame>(b"\x93\xa4drop\x05\x06"), Ok(HostFrame::Drop(Drop { run: 5 }))));
         assert!(decode::<HostFrame>(b"\x92\xa4drop\x05\x00").is_err());
+        // A truncated value after the frame (a map of one entry, then the end) is trailing too.
+        assert!(decode::<HostFrame>(b"\x92\xa4drop\xcc\x00\x81").is_err());
+        assert!(decode::<HostFrame>(b"\x92\xa4drop\x05\xa3ab").is_err());
         assert!(decode::<HostFrame>(b"\x91\xa4drop").is_err());
         assert!(decode::<HostFrame>(b"\x92\xa5ready\x05").is_err());
         assert!(decode::<HostFrame>(b"\x81\xa4drop\x05").is_err());
