@@ -16,6 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    __version__: str
     from .approvals import ApprovalRequest
     from .config import CodeModeConfig, load_config
     from .errors import (
@@ -102,12 +103,25 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        return _version()
     module = _HOME.get(name)
     if module is None:
         raise AttributeError(f"module 'codemode' has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value
     return value
+
+
+def _version() -> str:
+    """The installed distribution's version: pyproject.toml's ``version`` is the one source
+    (importlib.metadata is read on first use, not at ``import codemode``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("codemode")
+    except PackageNotFoundError:  # (the sources on sys.path, never installed)
+        return "0+unknown"
 
 
 def __dir__() -> list[str]:

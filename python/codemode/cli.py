@@ -1,11 +1,20 @@
-"""The ``codemode`` command: run a cell file against tools from a Python module.
+"""The ``codemode`` command (also ``python -m codemode``): run a cell file against tools from a
+Python module or MCP servers, or serve code mode over MCP.
 
     codemode exec cell.ts --tools myapp.tools:register
     codemode exec cell.js --demo
+    codemode exec cell.js --config servers.json
     codemode serve --config servers.json [--tools module:attr] [--http PORT [--token-file PATH]]
+    codemode --version
 
 ``--tools module:attr`` names either a callable taking the ``CodeMode`` (it registers tools)
-or an iterable of functions (each becomes a tool).
+or an iterable of functions (each becomes a tool). ``--config`` is an MCP client config file
+(``mcpServers``); its servers' tools join the catalog.
+
+Exit status: 0 when the cell completed, 1 when it did not (the JSON result says why), 2 when the
+command line cannot be carried out: a file, module, attribute or optional extra that is missing,
+or a config that is wrong. That is one line on stderr, ``codemode: error: ...``, never a
+traceback, as argparse words its own usage errors; a missing extra is named with its install line.
 """
 
 from __future__ import annotations
@@ -20,17 +29,34 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .session import CodeMode
+from .extras import missing_extra
+from .session import MCP_DISABLED, CodeMode
 from .store import SqliteStore
 
 __all__ = ["main"]
+
+#: The exit status when the command line cannot be carried out (argparse's own, for usage).
+EXIT_REFUSED = 2
+
+
+class _Refused(Exception):
+    """What the command line names cannot be used: its message is the one line the user sees."""
 
 
 def _load_tools(cm: CodeMode, spec: str) -> None:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise SystemExit(f"--tools expects module:attr, got {spec!r}")
-    target: Any = getattr(importlib.import_module(module_name), attr)
+        raise _Refused(f"--tools expects module:attr, got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        if missing_extra(e) is not None:
+            raise  # (main names the extra to install)
+        raise _Refused(f"--tools {spec}: cannot import {module_name}: {e}") from None
+    try:
+        target: Any = getattr(module, attr)
+    except AttributeError:
+        raise _Refused(f"--tools {spec}: module {module_name} has no attribute {attr!r}") from None
     if callable(target) and not isinstance(target, type):
         try:
             iterable = iter(target)
@@ -47,20 +73,18 @@ def _load_tools(cm: CodeMode, spec: str) -> None:
 def _serve(args: argparse.Namespace) -> int:
     from .serve import load_servers_config, read_token, serve_http, serve_stdio
 
+    # A malformed file, server entry or token is a ConfigError naming the server, key or problem
+    # (main prints it), raised before anything starts.
     config: dict[str, Any] = {"enabled": True}
-    try:
-        if args.token_file is not None and args.http is None:
-            raise ConfigError("--token-file needs --http (over stdio there is no listener to guard)")
-        # Read before anything starts; a stdio server ignores $CODEMODE_SERVE_TOKEN.
-        token = read_token(args.token_file, os.environ) if args.http is not None else None
-        if args.config is not None:
-            config["mcpServers"] = load_servers_config(args.config)
-        # Over HTTP the server deletes a departed client's stored values, so it holds the store.
-        store = SqliteStore() if args.http is not None else None
-        cm = CodeMode(config, store=store)
-    except ConfigError as e:
-        # A malformed file, server entry or token: its message names the server, key or problem.
-        raise SystemExit(f"codemode serve: {e}") from None
+    if args.token_file is not None and args.http is None:
+        raise ConfigError("--token-file needs --http (over stdio there is no listener to guard)")
+    # A stdio server ignores $CODEMODE_SERVE_TOKEN.
+    token = read_token(args.token_file, os.environ) if args.http is not None else None
+    if args.config is not None:
+        config["mcpServers"] = load_servers_config(args.config)
+    # Over HTTP the server deletes a departed client's stored values, so it holds the store.
+    store = SqliteStore() if args.http is not None else None
+    cm = CodeMode(config, store=store)
     with cm:
         for spec in args.tools:
             _load_tools(cm, spec)
@@ -72,14 +96,71 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_cell(path: Path) -> tuple[str, str]:
+    """The cell's source and language (TypeScript by its suffix; stdin is JavaScript)."""
+    if str(path) == "-":
+        return sys.stdin.read(), "javascript"
+    try:
+        source = path.read_text()
+    except OSError as e:
+        raise _Refused(f"cannot read the cell {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise _Refused(f"cannot read the cell {path}: not UTF-8 ({e.reason} at byte {e.start})") from None
+    return source, "typescript" if path.suffix in (".ts", ".mts", ".cts") else "javascript"
+
+
+def _exec(args: argparse.Namespace) -> int:
+    source, language = _read_cell(args.file)
+    config: dict[str, Any] = {"enabled": True}
+    if args.timeout_ms is not None:
+        config["timeoutMs"] = args.timeout_ms
+    if args.config is not None:
+        from .serve import load_servers_config
+
+        config["mcpServers"] = load_servers_config(args.config)
+    with CodeMode(config) as cm:
+        if args.demo:
+            from .demo import register_demo_tools
+
+            register_demo_tools(cm)
+        for spec in args.tools:
+            _load_tools(cm, spec)
+        # Every server listed before the cell starts (an exec alone waits only so long for one).
+        for server, reason in cm.load_mcp_tools().items():
+            if reason is not None and reason != MCP_DISABLED:
+                print(f"codemode: warning: MCP server {server!r}: {reason}", file=sys.stderr)
+        result = cm.session("cli").exec({"code": source, "language": language})
+    print(json.dumps(result, indent=2))
+    return 0 if result["status"] == "completed" else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the ``codemode`` command line; returns the exit status (see the module docstring)."""
+    try:
+        return _command(argv)
+    except (_Refused, ConfigError) as e:
+        message = str(e)
+    except ImportError as e:
+        extra = missing_extra(e)
+        if extra is None:
+            raise
+        message = f"{e}: this needs the {extra!r} extra (pip install 'codemode[{extra}]')"
+    print("codemode: error: " + " ".join(message.splitlines()), file=sys.stderr)
+    return EXIT_REFUSED
+
+
+def _command(argv: Sequence[str] | None) -> int:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="codemode", description="Run code mode cells.")
+    parser.add_argument("--version", action="version", version=f"codemode {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("exec", help="run one JavaScript or TypeScript cell and print the JSON result")
-    run.add_argument("file", type=Path, help="a .js or .ts file (- for stdin, JavaScript)")
-    run.add_argument("--tools", action="append", default=[], metavar="MODULE:ATTR", help="register tools")
-    run.add_argument("--demo", action="store_true", help="register the built-in demo catalog")
-    run.add_argument("--timeout-ms", type=int, default=None)
+    cell = sub.add_parser("exec", help="run one JavaScript or TypeScript cell and print the JSON result")
+    cell.add_argument("file", type=Path, help="a .js or .ts file (- for stdin, JavaScript)")
+    cell.add_argument("--tools", action="append", default=[], metavar="MODULE:ATTR", help="register tools")
+    cell.add_argument("--demo", action="store_true", help="register the built-in demo catalog")
+    cell.add_argument("--config", type=Path, help="an MCP client config file with `mcpServers`: their tools too")
+    cell.add_argument("--timeout-ms", type=int, default=None, help="the deadline (ms, 100-60000; default 10000)")
     serve = sub.add_parser("serve", help="run codemode as an MCP server exposing exec and wait")
     serve.add_argument("--config", type=Path, help="an MCP client config file with `mcpServers`")
     serve.add_argument("--tools", action="append", default=[], metavar="MODULE:ATTR", help="register tools")
@@ -93,25 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
-
-    if str(args.file) == "-":
-        source, language = sys.stdin.read(), "javascript"
-    else:
-        source = args.file.read_text()
-        language = "typescript" if args.file.suffix in (".ts", ".mts", ".cts") else "javascript"
-    config: dict[str, Any] = {"enabled": True}
-    if args.timeout_ms is not None:
-        config["timeoutMs"] = args.timeout_ms
-    with CodeMode(config) as cm:
-        if args.demo:
-            from .demo import register_demo_tools
-
-            register_demo_tools(cm)
-        for spec in args.tools:
-            _load_tools(cm, spec)
-        result = cm.session("cli").exec({"code": source, "language": language})
-    print(json.dumps(result, indent=2))
-    return 0 if result["status"] == "completed" else 1
+    return _exec(args)
 
 
 if __name__ == "__main__":
