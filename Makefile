@@ -28,9 +28,9 @@ WHEEL_STAMP := dist/.wheel-stamp
 # Every file under rust/ counts (*.rs, *.js, and anything pulled in with
 # include_str!/include_bytes!), plus the workspace manifests.
 RUST_INPUTS := $(shell find rust -type f -not -path '*/target/*' 2>/dev/null) Cargo.toml Cargo.lock pyproject.toml
-# The wheel also packages the Python sources and README (project metadata).
+# The wheel also packages the Python sources, README (project metadata) and LICENSE.
 PY_INPUTS := $(shell find python -type f -not -name '*.so' -not -name 'codemode-worker*' -not -name '*.pyc' -not -path '*/__pycache__/*' 2>/dev/null)
-WHEEL_INPUTS := $(RUST_INPUTS) $(PY_INPUTS) README.md
+WHEEL_INPUTS := $(RUST_INPUTS) $(PY_INPUTS) README.md LICENSE
 
 # The worker binary (rust/worker) goes next to the package: found there by workers.py, and
 # packaged from there into the wheel (pyproject.toml, [tool.maturin] include).
