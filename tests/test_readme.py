@@ -26,7 +26,8 @@ def test_readme_usage_example_runs_as_written():
 
 
 @pytest.mark.parametrize(
-    "heading", ["### Concurrency", "### Long outputs", "### Approvals that pause a run", "### Defining tools"]
+    "heading",
+    ["### Concurrency", "### Long outputs", "### Approvals that pause a run", "### Defining tools", "### Batches"],
 )
 def test_readme_section_example_runs_as_written(heading: str):
     run_example(heading)

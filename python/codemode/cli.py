@@ -5,6 +5,7 @@ Python module or MCP servers, or serve code mode over MCP.
     codemode exec cell.js --demo
     codemode exec cell.js --config servers.json
     codemode serve --config servers.json [--tools module:attr] [--http PORT [--token-file PATH]]
+    codemode run cells.jsonl --tools module:attr [--config FILE] [--concurrency N] [--seed S] [--out FILE]
     codemode --version
 
 ``--tools module:attr`` names either a callable taking the ``CodeMode`` (it registers tools)
@@ -20,6 +21,7 @@ traceback, as argparse words its own usage errors; a missing extra is named with
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -134,6 +136,38 @@ def _exec(args: argparse.Namespace) -> int:
     return 0 if result["status"] == "completed" else 1
 
 
+def _run_batch(args: argparse.Namespace) -> int:
+    """``codemode run``: 0 once every cell has its line (a failed cell is a result, not an error)."""
+    from .batch import load_cells, write_lines
+    from .errors import BatchError
+    from .runs import MAX_SUSPENDED_RUNS
+
+    if not 1 <= args.concurrency <= MAX_SUSPENDED_RUNS:
+        raise _Refused(f"--concurrency must be from 1 to {MAX_SUSPENDED_RUNS}, got {args.concurrency}")
+    try:
+        cells = load_cells(args.file)
+    except BatchError as e:
+        raise _Refused(str(e)) from None
+    config: dict[str, Any] = {"enabled": True}
+    if args.timeout_ms is not None:
+        config["timeoutMs"] = args.timeout_ms
+    if args.config is not None:
+        from .serve import load_servers_config
+
+        config["mcpServers"] = load_servers_config(args.config)
+    try:
+        sink = contextlib.nullcontext(sys.stdout) if args.out is None else args.out.open("w", encoding="utf-8")
+    except OSError as e:
+        raise _Refused(f"cannot write {args.out}: {e.strerror or e}") from None
+    with sink as out, CodeMode(config) as cm:
+        for spec in args.tools:
+            _load_tools(cm, spec)
+        cm.load_mcp_tools()
+        progress = sys.stderr if sys.stderr.isatty() else None  # (quiet in a pipe or a log)
+        write_lines(cm, cells, out, concurrency=args.concurrency, seed=args.seed, progress=progress)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the ``codemode`` command line; returns the exit status (see the module docstring)."""
     try:
@@ -171,9 +205,19 @@ def _command(argv: Sequence[str] | None) -> int:
         metavar="PATH",
         help="with --http: demand `Authorization: Bearer <the token in PATH>` (or set $CODEMODE_SERVE_TOKEN)",
     )
+    batch = sub.add_parser("run", help="run a batch of cells (JSONL, one a line) and write one JSON result a line")
+    batch.add_argument("file", type=Path, help='a JSONL file: {"code": ..., "language"?, "id"?, "session"?} a line')
+    batch.add_argument("--tools", action="append", default=[], metavar="MODULE:ATTR", help="register tools")
+    batch.add_argument("--config", type=Path, help="an MCP client config file with `mcpServers`: their tools too")
+    batch.add_argument("--timeout-ms", type=int, default=None, help="each cell's deadline (ms, 100-60000)")
+    batch.add_argument("--concurrency", type=int, default=8, help="cells running at once (1-64; default 8)")
+    batch.add_argument("--seed", type=int, default=None, help="seed every cell's Math.random from S and its id")
+    batch.add_argument("--out", type=Path, default=None, help="write the results here (default stdout)")
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "run":
+        return _run_batch(args)
     return _exec(args)
 
 

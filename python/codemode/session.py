@@ -19,7 +19,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import msgspec
@@ -28,7 +28,7 @@ from . import _engine, catalog, semantic
 from ._engine import Catalog
 from .approvals import ApprovalRequest, Approvals, call_number
 from .catalog import quick_index
-from .config import BOUNDS, CodeModeConfig, either_spelling, load_config
+from .config import BOUNDS, CodeModeConfig, load_config
 from .errors import (
     ApprovalError,
     ClosedError,
@@ -45,17 +45,8 @@ from .protocol import Configure, EngineLimits, bounded_bytes, utf8_len
 from .runs import FOREIGN, UNAVAILABLE, Journal, Run, RunLookupError, RunTable, Scope, Step, journal_size, new_run_id
 from .store import Store, open_store
 from .supervisor import Supervisor
-from .surfaces import (
-    SURFACES,
-    ModelTool,
-    Surface,
-    control_tools,
-    directory_listing,
-    payload_bytes,
-    provider_schema,
-)
+from .surfaces import SURFACES, ModelTool, Surface, control_tools, directory_listing, payload_bytes
 from .tools import (
-    MAX_BRIDGE_BYTES,
     MCP_TOOL,
     BackgroundLoop,
     Blocked,
@@ -69,6 +60,7 @@ from .tools import (
 )
 
 if TYPE_CHECKING:
+    from .batch import Cell, CellResult
     from .mcp import McpServers
 
 __all__ = ["CodeMode", "Completed", "Failed", "JsonOutput", "Result", "Session", "Telemetry", "TextOutput", "Waiting"]
@@ -253,8 +245,7 @@ _PRAGMA = re.compile(r"^\s*//\s*@(options|exec):(.*)$")
 
 
 class CellOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """The first-line pragma ``// @options: {...}`` (or ``// @exec: {...}``); each key may be
-    written camelCase too (``timeoutMs``), as the config spells it (`either_spelling`)."""
+    """The first-line pragma ``// @options: {...}`` (or ``// @exec: {...}``)."""
 
     timeout_ms: int | None = None
     max_output_tokens: int | None = None
@@ -267,14 +258,9 @@ def _cell_options(code: str) -> CellOptions | str:
     if match is None:
         return CellOptions()
     try:
-        given = msgspec.json.decode(match.group(2))
-        if isinstance(given, dict):
-            given = either_spelling(given, CellOptions)
-        options = msgspec.convert(given, CellOptions)
-    except (msgspec.DecodeError, ConfigError) as e:
+        options = msgspec.json.decode(match.group(2), type=CellOptions)
+    except msgspec.DecodeError as e:
         return f"invalid // @{match.group(1)} pragma: {e}"
-    except RecursionError:
-        return f"invalid // @{match.group(1)} pragma: nested too deeply"
     if options.timeout_ms is not None and not 0 < options.timeout_ms <= 2_147_483_647:
         return "// @options timeout_ms must be a positive integer"
     if options.max_output_tokens is not None and options.max_output_tokens < 0:
@@ -302,20 +288,10 @@ def _journal_problem(journal: Journal, config: CodeModeConfig) -> str | None:
     return None
 
 
-def _answer_json(answer: Any) -> str:
-    """A `wait`'s ``answer`` as the JSON its run's ``yield_control`` calls resolve to (``null``,
-    as when none is given, resolves to undefined), capped as a tool result is; a ValueError
-    says why it cannot be one."""
-    try:
-        text = msgspec.json.encode(answer).decode()
-    except (TypeError, ValueError, OverflowError, RecursionError) as e:
-        raise ValueError(f"wait `answer` must be a JSON value: {type(e).__name__}: {e}"[:500]) from None
-    size = utf8_len(text)
-    if size > MAX_BRIDGE_BYTES:
-        raise ValueError(
-            f"wait `answer` is {size} bytes of JSON; the limit is {MAX_BRIDGE_BYTES}, as for a tool result"
-        )
-    return text
+def _check_seed(seed: int | None) -> None:
+    """A run's seed is a journal field and the engine's u64: a caller's must fit both."""
+    if seed is not None and not (isinstance(seed, int) and 0 <= seed < 1 << 63):
+        raise ValueError(f"seed must be an int from 0 to 2**63 - 1, got {seed!r}")
 
 
 def _lone_surrogate(code: str) -> str | None:
@@ -684,7 +660,7 @@ class CodeMode:
             return []
         view = self.catalog()
         direct_only = [
-            ModelTool(t.name, t.description, provider_schema(t.input_schema or {"type": "object"}))
+            ModelTool(t.name, t.description, t.input_schema or {"type": "object"})
             for t in self._registry.all()
             if t.direct_only and t.name in view.direct
         ]
@@ -702,11 +678,7 @@ class CodeMode:
                 hits = msgspec.json.decode(self._search_catalog().search(likely, LIKELY_SCHEMAS))
                 shown += [h["id"] for h in hits if h["id"] in names and h["id"] not in shown]
             likely_tools = [
-                ModelTool(
-                    names[tool_id],
-                    view.tools[tool_id].description,
-                    provider_schema(view.tools[tool_id].input_schema or {}),
-                )
+                ModelTool(names[tool_id], view.tools[tool_id].description, view.tools[tool_id].input_schema or {})
                 for tool_id in shown
                 if tool_id in names
             ]
@@ -730,9 +702,7 @@ class CodeMode:
         """Every catalog tool as its own definition, under its provider-safe name."""
         return {
             name: ModelTool(
-                name,
-                view.tools[tool_id].description,
-                provider_schema(view.tools[tool_id].input_schema or {"type": "object"}),
+                name, view.tools[tool_id].description, view.tools[tool_id].input_schema or {"type": "object"}
             )
             for name, tool_id in self._direct_names(view).items()
         }
@@ -833,6 +803,16 @@ class CodeMode:
         if self._closed:
             raise ClosedError("this CodeMode is closed")
         return Session(self, session_id, agent_run, branch)
+
+    def run_many(
+        self, cells: Iterable[Cell | Mapping[str, Any]], *, concurrency: int = 8, seed: int | None = None
+    ) -> AsyncIterator[CellResult]:
+        """Runs a batch of cells, at most ``concurrency`` at once, carrying each through its
+        ``wait``s: an async iterator of final results in completion order (``codemode.batch``).
+        ``seed`` makes each cell's ``Math.random`` the same in every run with it."""
+        from .batch import run_many
+
+        return run_many(self, cells, concurrency=concurrency, seed=seed)
 
     def close(self) -> None:
         """Stops every worker and the background tool loop. Idempotent."""
@@ -947,10 +927,17 @@ class CodeMode:
         return self._driven(run, started, "exec", lambda: self._supervisor.start(run, configure, run.timeout_ms))
 
     async def _exec_async(
-        self, session: Session, args: Any, *, min_timeout_ms: int = 0, outer_hook: bool = False
+        self,
+        session: Session,
+        args: Any,
+        *,
+        min_timeout_ms: int = 0,
+        outer_hook: bool = False,
+        seed: int | None = None,
     ) -> Result:
         """`_exec` as a coroutine on the caller's loop (its async tools, and an async hook, run
         there too)."""
+        _check_seed(seed)
         started = time.perf_counter()
         checked = self._admit(started, args)
         if isinstance(checked, Failed):
@@ -965,7 +952,7 @@ class CodeMode:
         if self._mcp is not None and self._mcp_wanted():
             await self._list_mcp_async(MCP_START_WAIT_S)
         loop = asyncio.get_running_loop()
-        run, configure = self._new_run(session, checked, lambda: loop, min_timeout_ms)
+        run, configure = self._new_run(session, checked, lambda: loop, min_timeout_ms, seed)
         return await self._driven_async(
             run, started, "exec", self._supervisor.start_async(run, configure, run.timeout_ms)
         )
@@ -1035,6 +1022,7 @@ class CodeMode:
         checked: tuple[str, str, bool, CellOptions],
         loop: Callable[[], asyncio.AbstractEventLoop],
         min_timeout_ms: int,
+        seed: int | None = None,
     ) -> tuple[Run, Configure]:
         code, language, restart_safe, options = checked
         session_id, scope = session.session_id, session.scope
@@ -1062,7 +1050,7 @@ class CodeMode:
             limits=configure.limits,
             language=language,
             source=code,
-            seed=random.getrandbits(63),
+            seed=random.getrandbits(63) if seed is None else seed,
             run_json=msgspec.json.encode(run_setup).decode() if run_setup else "{}",
             restart_safe=restart_safe,
             session_id=session_id,
@@ -1095,35 +1083,27 @@ class CodeMode:
         claimed = self._claim(session, args, started)
         if isinstance(claimed, Failed):
             return claimed
-        run, configure, answer = claimed
-        return self._driven(
-            run, started, "wait", lambda: self._supervisor.resume(run, configure, run.timeout_ms, answer)
-        )
+        run, configure = claimed
+        return self._driven(run, started, "wait", lambda: self._supervisor.resume(run, configure, run.timeout_ms))
 
-    @tracing.traced("wait")
     async def _wait_async(self, session: Session, args: Any) -> Result:
         started = time.perf_counter()
         claimed = self._claim(session, args, started)
         if isinstance(claimed, Failed):
             return claimed
-        run, configure, answer = claimed
+        run, configure = claimed
         return await self._driven_async(
-            run, started, "wait", self._supervisor.resume_async(run, configure, run.timeout_ms, answer)
+            run, started, "wait", self._supervisor.resume_async(run, configure, run.timeout_ms)
         )
 
-    def _claim(self, session: Session, args: Any, started: float) -> tuple[Run, Configure, str] | Failed:
-        """The run a `wait` resumes (marked resuming), the configuration a replay needs, and
-        the JSON its yields are answered with."""
+    def _claim(self, session: Session, args: Any, started: float) -> tuple[Run, Configure] | Failed:
+        """The run a `wait` resumes (marked resuming), and the configuration a replay needs."""
         if self._closed:
             raise ClosedError("this CodeMode is closed")
         # (No `_sweep` here: the sweeper expires runs, and `claim` refuses an expired one.)
         run_id = args.get("runId") if isinstance(args, dict) else None
         if not isinstance(run_id, str) or not run_id:
             return self._invalid(started, "wait requires a `runId` string.")
-        try:
-            answer = _answer_json(args.get("answer"))
-        except ValueError as e:
-            return self._invalid(started, str(e))
         try:
             run = self._runs.claim(run_id, session.scope)
         except RunLookupError as e:
@@ -1136,7 +1116,7 @@ class CodeMode:
                 configure = self._configure_for(run)
         except Exception as e:
             return self._broken(run, started, e)
-        return run, configure, answer
+        return run, configure
 
     def _snapshot(self, session_id: str, branch: str) -> dict[str, str]:
         cache = self._store_cache
@@ -1385,9 +1365,7 @@ class Session:
         return self.codemode._exec(self, args, self.codemode._loop.get).to_dict()
 
     def wait(self, args: dict[str, Any]) -> dict[str, Any]:
-        """Resumes a ``waiting`` run (``{"runId": ...}``); the same result union as ``exec``.
-        ``{"runId": ..., "answer": v}`` answers a run waiting on ``yield_control``: its ``await
-        yield_control(...)`` resolves to ``v`` (any JSON value; none, or null, is undefined)."""
+        """Resumes a ``waiting`` run (``{"runId": ...}``); the same result union as ``exec``."""
         return self.codemode._wait(self, args).to_dict()
 
     def run(
@@ -1401,9 +1379,9 @@ class Session:
         args = {"code": code, "language": language, "restartSafe": restart_safe}
         return self.codemode._exec(self, args, self.codemode._loop.get)
 
-    def resume(self, run_id: str, answer: Any = None) -> Result:
+    def resume(self, run_id: str) -> Result:
         """Typed ``wait``."""
-        return self.codemode._wait(self, {"runId": run_id, "answer": answer})
+        return self.codemode._wait(self, {"runId": run_id})
 
     def cancel(self, run_id: str) -> bool:
         """Aborts one of this session's suspended runs and cancels its tool tasks."""
@@ -1492,10 +1470,11 @@ class Session:
             return cm.call_tool(self, target, args)
         return {"error": f"unknown tool: {name}"}
 
-    async def exec_async(self, args: dict[str, Any]) -> dict[str, Any]:
+    async def exec_async(self, args: dict[str, Any], *, seed: int | None = None) -> dict[str, Any]:
         """``exec`` as a coroutine on this loop (no thread waits for it); async tools run on this
-        loop, sync tools on a bounded pool (`supervisor.SYNC_TOOL_THREADS`)."""
-        return (await self.codemode._exec_async(self, args)).to_dict()
+        loop, sync tools on a bounded pool (`supervisor.SYNC_TOOL_THREADS`). ``seed`` (0 to
+        2**63 - 1) fixes the cell's ``Math.random`` sequence; by default each run draws its own."""
+        return (await self.codemode._exec_async(self, args, seed=seed)).to_dict()
 
     async def wait_async(self, args: dict[str, Any]) -> dict[str, Any]:
         return (await self.codemode._wait_async(self, args)).to_dict()
@@ -1510,6 +1489,6 @@ class Session:
         args = {"code": code, "language": language, "restartSafe": restart_safe}
         return await self.codemode._exec_async(self, args)
 
-    async def resume_async(self, run_id: str, answer: Any = None) -> Result:
+    async def resume_async(self, run_id: str) -> Result:
         """Typed ``wait_async``."""
-        return await self.codemode._wait_async(self, {"runId": run_id, "answer": answer})
+        return await self.codemode._wait_async(self, {"runId": run_id})
