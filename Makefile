@@ -19,7 +19,8 @@ PIP := $(VPY) -m pip --disable-pip-version-check --no-input -q
 MATURIN := $(VENV)/bin/maturin
 
 DEV_DEPS := maturin msgspec fastjsonschema 'mcp>=2.3,<3' 'psycopg[binary]>=3.1' 'wordllama>=0.4,<0.5' 'openai>=3.57,<4' \
-  'openai-agents>=0.24,<0.25' 'pydantic-ai-slim>=2.68,<3' 'langchain-core>=1.8,<2' 'anthropic>=2.16,<3' pytest pytest-timeout pytest-benchmark hypothesis ruff mypy
+  'openai-agents>=0.24,<0.25' 'pydantic-ai-slim>=2.68,<3' 'langchain-core>=1.8,<2' 'anthropic>=2.16,<3' \
+  'opentelemetry-api>=1.20' 'opentelemetry-sdk>=1.20' pytest pytest-timeout pytest-benchmark hypothesis ruff mypy
 
 DEPS_STAMP := $(VENV)/.deps-stamp
 BUILD_STAMP := $(VENV)/.build-stamp

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import msgspec
 
-from . import _engine, catalog, semantic
+from . import _engine, catalog, semantic, tracing
 from ._engine import Catalog
 from .approvals import ApprovalRequest, Approvals, call_number
 from .catalog import quick_index
-from .config import BOUNDS, CodeModeConfig, either_spelling, load_config
+from .config import BOUNDS, CodeModeConfig, load_config
 from .errors import (
     ApprovalError,
     ClosedError,
@@ -45,17 +45,8 @@ from .protocol import Configure, EngineLimits, bounded_bytes, utf8_len
 from .runs import FOREIGN, UNAVAILABLE, Journal, Run, RunLookupError, RunTable, Scope, Step, journal_size, new_run_id
 from .store import Store, open_store
 from .supervisor import Supervisor
-from .surfaces import (
-    SURFACES,
-    ModelTool,
-    Surface,
-    control_tools,
-    directory_listing,
-    payload_bytes,
-    provider_schema,
-)
+from .surfaces import SURFACES, ModelTool, Surface, control_tools, directory_listing, payload_bytes
 from .tools import (
-    MAX_BRIDGE_BYTES,
     MCP_TOOL,
     BackgroundLoop,
     Blocked,
@@ -69,6 +60,8 @@ from .tools import (
 )
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
     from .batch import Cell, CellResult
     from .mcp import McpServers
 
@@ -254,8 +247,7 @@ _PRAGMA = re.compile(r"^\s*//\s*@(options|exec):(.*)$")
 
 
 class CellOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """The first-line pragma ``// @options: {...}`` (or ``// @exec: {...}``); each key may be
-    written camelCase too (``timeoutMs``), as the config spells it (`either_spelling`)."""
+    """The first-line pragma ``// @options: {...}`` (or ``// @exec: {...}``)."""
 
     timeout_ms: int | None = None
     max_output_tokens: int | None = None
@@ -268,14 +260,9 @@ def _cell_options(code: str) -> CellOptions | str:
     if match is None:
         return CellOptions()
     try:
-        given = msgspec.json.decode(match.group(2))
-        if isinstance(given, dict):
-            given = either_spelling(given, CellOptions)
-        options = msgspec.convert(given, CellOptions)
-    except (msgspec.DecodeError, ConfigError) as e:
+        options = msgspec.json.decode(match.group(2), type=CellOptions)
+    except msgspec.DecodeError as e:
         return f"invalid // @{match.group(1)} pragma: {e}"
-    except RecursionError:
-        return f"invalid // @{match.group(1)} pragma: nested too deeply"
     if options.timeout_ms is not None and not 0 < options.timeout_ms <= 2_147_483_647:
         return "// @options timeout_ms must be a positive integer"
     if options.max_output_tokens is not None and options.max_output_tokens < 0:
@@ -301,22 +288,6 @@ def _journal_problem(journal: Journal, config: CodeModeConfig) -> str | None:
     if len(made) != len(journal.calls) or not journal.settled_ids() <= made or not set(journal.open_inputs) <= made:
         return "its calls and results do not match"
     return None
-
-
-def _answer_json(answer: Any) -> str:
-    """A `wait`'s ``answer`` as the JSON its run's ``yield_control`` calls resolve to (``null``,
-    as when none is given, resolves to undefined), capped as a tool result is; a ValueError
-    says why it cannot be one."""
-    try:
-        text = msgspec.json.encode(answer).decode()
-    except (TypeError, ValueError, OverflowError, RecursionError) as e:
-        raise ValueError(f"wait `answer` must be a JSON value: {type(e).__name__}: {e}"[:500]) from None
-    size = utf8_len(text)
-    if size > MAX_BRIDGE_BYTES:
-        raise ValueError(
-            f"wait `answer` is {size} bytes of JSON; the limit is {MAX_BRIDGE_BYTES}, as for a tool result"
-        )
-    return text
 
 
 def _check_seed(seed: int | None) -> None:
@@ -373,6 +344,9 @@ class CodeMode:
     ``require_approval`` patterns (or of a tool defined with ``requires_approval=True``) wait for
     an approval: the callback's, or with none, the host's ``Session.approve``. Close the
     ``CodeMode`` when done (``with``/``async with``).
+
+    With ``opentelemetry-api`` installed, each ``exec``/``wait`` is a span and each of its tool
+    calls a child span (`codemode.tracing`), from ``tracer_provider`` or the global provider.
     """
 
     def __init__(
@@ -385,6 +359,7 @@ class CodeMode:
         approve: Approver | None = None,
         require_approval: Iterable[str] = (),
         store: Store | str | os.PathLike[str] | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         self.config = load_config(config)
         self._mcp: McpServers | None = None
@@ -410,6 +385,7 @@ class CodeMode:
         self._policy = Policy.of(allow, deny, require_approval)
         self._trace = Trace()
         self._gate = Gate(before_tool_call, approve, self._trace)
+        self._tracer = tracing.tracer(tracer_provider)
         self._loop = BackgroundLoop()
         self._configure: Configure | None = None
         self._configure_lock = threading.Lock()
@@ -691,7 +667,7 @@ class CodeMode:
             return []
         view = self.catalog()
         direct_only = [
-            ModelTool(t.name, t.description, provider_schema(t.input_schema or {"type": "object"}))
+            ModelTool(t.name, t.description, t.input_schema or {"type": "object"})
             for t in self._registry.all()
             if t.direct_only and t.name in view.direct
         ]
@@ -709,11 +685,7 @@ class CodeMode:
                 hits = msgspec.json.decode(self._search_catalog().search(likely, LIKELY_SCHEMAS))
                 shown += [h["id"] for h in hits if h["id"] in names and h["id"] not in shown]
             likely_tools = [
-                ModelTool(
-                    names[tool_id],
-                    view.tools[tool_id].description,
-                    provider_schema(view.tools[tool_id].input_schema or {}),
-                )
+                ModelTool(names[tool_id], view.tools[tool_id].description, view.tools[tool_id].input_schema or {})
                 for tool_id in shown
                 if tool_id in names
             ]
@@ -737,9 +709,7 @@ class CodeMode:
         """Every catalog tool as its own definition, under its provider-safe name."""
         return {
             name: ModelTool(
-                name,
-                view.tools[tool_id].description,
-                provider_schema(view.tools[tool_id].input_schema or {"type": "object"}),
+                name, view.tools[tool_id].description, view.tools[tool_id].input_schema or {"type": "object"}
             )
             for name, tool_id in self._direct_names(view).items()
         }
@@ -936,6 +906,7 @@ class CodeMode:
             return self._invalid(started, options)
         return code, language, restart_safe, options
 
+    @tracing.traced("exec")
     def _exec(
         self,
         session: Session,
@@ -963,6 +934,7 @@ class CodeMode:
         run, configure = self._new_run(session, checked, loop, min_timeout_ms)
         return self._driven(run, started, "exec", lambda: self._supervisor.start(run, configure, run.timeout_ms))
 
+    @tracing.traced("exec")
     async def _exec_async(
         self,
         session: Session,
@@ -1110,20 +1082,20 @@ class CodeMode:
         self._live[run_id] = run
         run.store_key = (session_id, session.branch)
         dispatcher.parent = f"exec_{next(self._call_ids)}"
+        dispatcher.span = tracing.run_span(run_id)
         if options.max_output_tokens is not None:
             run.output_chars = min(options.max_output_tokens * 4, self.config.max_output_bytes)
         run.timeout_ms = timeout_ms
         return run, configure
 
+    @tracing.traced("wait")
     def _wait(self, session: Session, args: Any) -> Result:
         started = time.perf_counter()
         claimed = self._claim(session, args, started)
         if isinstance(claimed, Failed):
             return claimed
-        run, configure, answer = claimed
-        return self._driven(
-            run, started, "wait", lambda: self._supervisor.resume(run, configure, run.timeout_ms, answer)
-        )
+        run, configure = claimed
+        return self._driven(run, started, "wait", lambda: self._supervisor.resume(run, configure, run.timeout_ms))
 
     @tracing.traced("wait")
     async def _wait_async(self, session: Session, args: Any) -> Result:
@@ -1131,14 +1103,13 @@ class CodeMode:
         claimed = self._claim(session, args, started)
         if isinstance(claimed, Failed):
             return claimed
-        run, configure, answer = claimed
+        run, configure = claimed
         return await self._driven_async(
-            run, started, "wait", self._supervisor.resume_async(run, configure, run.timeout_ms, answer)
+            run, started, "wait", self._supervisor.resume_async(run, configure, run.timeout_ms)
         )
 
-    def _claim(self, session: Session, args: Any, started: float) -> tuple[Run, Configure, str] | Failed:
-        """The run a `wait` resumes (marked resuming), the configuration a replay needs, and
-        the JSON its yields are answered with."""
+    def _claim(self, session: Session, args: Any, started: float) -> tuple[Run, Configure] | Failed:
+        """The run a `wait` resumes (marked resuming), and the configuration a replay needs."""
         if self._closed:
             raise ClosedError("this CodeMode is closed")
         # (No `_sweep` here: the sweeper expires runs, and `claim` refuses an expired one.)
@@ -1146,22 +1117,19 @@ class CodeMode:
         if not isinstance(run_id, str) or not run_id:
             return self._invalid(started, "wait requires a `runId` string.")
         try:
-            answer = _answer_json(args.get("answer"))
-        except ValueError as e:
-            return self._invalid(started, str(e))
-        try:
             run = self._runs.claim(run_id, session.scope)
         except RunLookupError as e:
             return self._invalid(started, str(e))
         try:
             run.dispatcher.parent = f"wait_{next(self._call_ids)}"
+            run.dispatcher.span = tracing.run_span(run_id)
             configure, view = self._configuration()
             if view.fingerprint != run.journal.catalog_fingerprint:
                 # A replay must see the catalog the run started with; the journal records which.
                 configure = self._configure_for(run)
         except Exception as e:
             return self._broken(run, started, e)
-        return run, configure, answer
+        return run, configure
 
     def _snapshot(self, session_id: str, branch: str) -> dict[str, str]:
         cache = self._store_cache
@@ -1410,9 +1378,7 @@ class Session:
         return self.codemode._exec(self, args, self.codemode._loop.get).to_dict()
 
     def wait(self, args: dict[str, Any]) -> dict[str, Any]:
-        """Resumes a ``waiting`` run (``{"runId": ...}``); the same result union as ``exec``.
-        ``{"runId": ..., "answer": v}`` answers a run waiting on ``yield_control``: its ``await
-        yield_control(...)`` resolves to ``v`` (any JSON value; none, or null, is undefined)."""
+        """Resumes a ``waiting`` run (``{"runId": ...}``); the same result union as ``exec``."""
         return self.codemode._wait(self, args).to_dict()
 
     def run(
@@ -1426,9 +1392,9 @@ class Session:
         args = {"code": code, "language": language, "restartSafe": restart_safe}
         return self.codemode._exec(self, args, self.codemode._loop.get)
 
-    def resume(self, run_id: str, answer: Any = None) -> Result:
+    def resume(self, run_id: str) -> Result:
         """Typed ``wait``."""
-        return self.codemode._wait(self, {"runId": run_id, "answer": answer})
+        return self.codemode._wait(self, {"runId": run_id})
 
     def cancel(self, run_id: str) -> bool:
         """Aborts one of this session's suspended runs and cancels its tool tasks."""
@@ -1536,6 +1502,6 @@ class Session:
         args = {"code": code, "language": language, "restartSafe": restart_safe}
         return await self.codemode._exec_async(self, args)
 
-    async def resume_async(self, run_id: str, answer: Any = None) -> Result:
+    async def resume_async(self, run_id: str) -> Result:
         """Typed ``wait_async``."""
-        return await self.codemode._wait_async(self, {"runId": run_id, "answer": answer})
+        return await self.codemode._wait_async(self, {"runId": run_id})
