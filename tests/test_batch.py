@@ -169,6 +169,17 @@ def test_run_usage_errors_are_one_line_and_exit_2(tools_dir: Path, argv: list[st
     assert line.startswith("codemode: error: " + message)
 
 
+def test_run_warns_of_an_mcp_server_it_cannot_start_and_runs_the_cells(tools_dir: Path, tmp_path: Path):
+    servers = tmp_path / "servers.json"
+    servers.write_text(json.dumps({"mcpServers": {"gone": {"command": str(tmp_path / "no-such-server")}}}))
+    cells = write_cells(tmp_path / "cells.jsonl", [{"code": "return 1"}])
+    proc = codemode_run(cells, "--config", servers, tools_dir=tools_dir)
+    assert proc.returncode == 0
+    (warning,) = proc.stderr.splitlines()
+    assert warning.startswith("codemode: warning: MCP server 'gone': ")
+    assert [line["value"] for line in lines_of(proc.stdout)] == [1]
+
+
 def test_run_draws_progress_only_on_a_terminal(tools_dir: Path, tmp_path: Path):
     cells = write_cells(tmp_path / "cells.jsonl", [{"code": f"return {i}"} for i in range(3)])
     piped = codemode_run(cells, tools_dir=tools_dir)

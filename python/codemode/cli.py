@@ -111,6 +111,14 @@ def _read_cell(path: Path) -> tuple[str, str]:
     return source, "typescript" if path.suffix in (".ts", ".mts", ".cts") else "javascript"
 
 
+def _list_servers(cm: CodeMode) -> None:
+    """Lists every MCP server before the first cell starts (an exec alone waits only so long
+    for one); one that cannot be used is a warning on stderr, and the cells run without it."""
+    for server, reason in cm.load_mcp_tools().items():
+        if reason is not None and reason != MCP_DISABLED:
+            print(f"codemode: warning: MCP server {server!r}: {reason}", file=sys.stderr)
+
+
 def _exec(args: argparse.Namespace) -> int:
     source, language = _read_cell(args.file)
     config: dict[str, Any] = {"enabled": True}
@@ -127,10 +135,7 @@ def _exec(args: argparse.Namespace) -> int:
             register_demo_tools(cm)
         for spec in args.tools:
             _load_tools(cm, spec)
-        # Every server listed before the cell starts (an exec alone waits only so long for one).
-        for server, reason in cm.load_mcp_tools().items():
-            if reason is not None and reason != MCP_DISABLED:
-                print(f"codemode: warning: MCP server {server!r}: {reason}", file=sys.stderr)
+        _list_servers(cm)
         result = cm.session("cli").exec({"code": source, "language": language})
     print(json.dumps(result, indent=2))
     return 0 if result["status"] == "completed" else 1
@@ -162,7 +167,7 @@ def _run_batch(args: argparse.Namespace) -> int:
     with sink as out, CodeMode(config) as cm:
         for spec in args.tools:
             _load_tools(cm, spec)
-        cm.load_mcp_tools()
+        _list_servers(cm)
         progress = sys.stderr if sys.stderr.isatty() else None  # (quiet in a pipe or a log)
         write_lines(cm, cells, out, concurrency=args.concurrency, seed=args.seed, progress=progress)
     return 0
