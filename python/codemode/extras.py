@@ -27,6 +27,7 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "typing_extensions": "mcp",
     "pydantic": "pydantic",
     "psycopg": "postgres",
+    "opentelemetry": "otel",
     "agents": "openai-agents",
     "pydantic_ai": "pydantic-ai",
     "langchain_core": "langchain",
