@@ -326,6 +326,23 @@ def _still_starting(server: str) -> str:
     return f"MCP server {server!r} is still starting"
 
 
+#: The state of a server no listing has finished for (`_log_mcp_listing`).
+_NEVER_LISTED = object()
+
+
+def _log_mcp_listing(server: str, before: object, reason: str | None) -> None:
+    """Logs a finished listing when it changes what the server is: unusable (WARNING, saying
+    why; the cell sees the same reason) or usable (INFO, after a failure or a slow start). A
+    retry that fails as the last one did logs at DEBUG: execs retry every ``MCP_RETRY_S``."""
+    if reason is None:
+        if before is not None and before is not _NEVER_LISTED:
+            _log.info("MCP server %r is available", server)
+    elif reason == before:
+        _log.debug("%s (again)", reason)
+    else:
+        _log.warning("%s", reason)
+
+
 def _mcp_caller(mcp: McpServers, server: str, tool: str) -> Callable[..., Awaitable[Any]]:
     # Runs on the MCP client's own loop (the tool's `loop`): no hop through the tools' loop.
     async def call(**arguments: Any) -> Any:
@@ -543,7 +560,9 @@ class CodeMode:
             else:
                 self._registry.set_mcp_server(server, None, reason)
                 self._mcp_failed_at[server] = time.monotonic()
+            before = self._mcp_loaded.get(server, _NEVER_LISTED)
             self._mcp_loaded[server] = reason
+        _log_mcp_listing(server, before, reason)
 
     def _mcp_wanted(self) -> bool:
         """Some server is to be listed (an exec starts it: never listed, or its retry is due)."""
