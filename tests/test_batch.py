@@ -9,6 +9,7 @@ every cell the same ``Math.random`` whatever the concurrency and the order cells
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import pty
@@ -175,8 +176,7 @@ def test_run_warns_of_an_mcp_server_it_cannot_start_and_runs_the_cells(tools_dir
     cells = write_cells(tmp_path / "cells.jsonl", [{"code": "return 1"}])
     proc = codemode_run(cells, "--config", servers, tools_dir=tools_dir)
     assert proc.returncode == 0
-    (warning,) = proc.stderr.splitlines()
-    assert warning.startswith("codemode: warning: MCP server 'gone': ")
+    assert "codemode: warning: MCP server 'gone': " in proc.stderr
     assert [line["value"] for line in lines_of(proc.stdout)] == [1]
 
 
@@ -273,6 +273,31 @@ def test_run_many_yields_final_results_in_completion_order(batch_cm: CodeMode):
         batch_cm.remove_tool("host:core:gate")
     assert seen[-1] == ("gated", "completed", "released")
     assert sorted(seen[:2]) == [(2, "completed", 1), (3, "completed", 2)]
+
+
+def test_closing_run_many_early_cancels_the_cells_still_running(batch_cm: CodeMode):
+    cancelled = asyncio.Event()
+
+    @batch_cm.tool
+    async def forever() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async def run() -> list[Any]:
+        cells = [{"code": "return await tools.forever()", "id": "stuck"}, {"code": "return 1", "id": "quick"}]
+        async with contextlib.aclosing(batch_cm.run_many(cells, concurrency=2)) as results:
+            first = await anext(results)
+        await asyncio.wait_for(cancelled.wait(), 30)
+        return [first.id]
+
+    try:
+        assert asyncio.run(run()) == ["quick"]
+    finally:
+        batch_cm.remove_tool("host:core:forever")
+    assert batch_cm.suspended_runs("batch:stuck") == []
 
 
 def test_run_many_leaves_a_cell_waiting_for_an_approval_waiting(batch_cm: CodeMode):

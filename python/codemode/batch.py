@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
@@ -130,11 +130,12 @@ async def run_many(
     *,
     concurrency: int = 8,
     seed: int | None = None,
-) -> AsyncIterator[CellResult]:
+) -> AsyncGenerator[CellResult, None]:
     """Runs ``cells`` (``Cell``s, or dicts as a JSONL line holds them), at most ``concurrency``
     at once, and yields each one's final ``CellResult`` as it finishes (see the module
     docstring). Every cell is checked before any runs: a malformed one, or a repeated id, is a
-    ``BatchError``. Stopping the iteration early cancels the cells still running."""
+    ``BatchError``. Closing the iterator early (``aclose()``, or ``contextlib.aclosing`` around
+    an ``async for`` that breaks) cancels the cells still running and their tool calls."""
     if not 1 <= concurrency <= MAX_SUSPENDED_RUNS:
         # Each running cell may hold one of the suspended runs a CodeMode keeps.
         raise ValueError(f"concurrency must be from 1 to {MAX_SUSPENDED_RUNS}, got {concurrency}")

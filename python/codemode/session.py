@@ -19,7 +19,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import msgspec
@@ -832,7 +832,7 @@ class CodeMode:
 
     def run_many(
         self, cells: Iterable[Cell | Mapping[str, Any]], *, concurrency: int = 8, seed: int | None = None
-    ) -> AsyncIterator[CellResult]:
+    ) -> AsyncGenerator[CellResult, None]:
         """Runs a batch of cells, at most ``concurrency`` at once, carrying each through its
         ``wait``s: an async iterator of final results in completion order (``codemode.batch``).
         ``seed`` makes each cell's ``Math.random`` the same in every run with it."""
