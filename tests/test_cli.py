@@ -220,3 +220,15 @@ def test_every_optional_import_is_mapped_to_a_declared_extra():
     assert _third_party_imports() - core == set(EXTRA_OF_MODULE)
     declared = set(project["optional-dependencies"])
     assert set(EXTRA_OF_MODULE.values()) <= declared, set(EXTRA_OF_MODULE.values()) - declared
+
+
+def test_the_docs_name_only_flags_the_command_has():
+    # Every `codemode <subcommand> ... --flag` line in the README and docs/ against --help.
+    pages = [PACKAGE.parents[1] / "README.md", *sorted((PACKAGE.parents[1] / "docs").glob("*.md"))]
+    lines = [m for page in pages for m in re.findall(r"codemode (exec|serve|run) ([^#\n]*)", page.read_text())]
+    helps = {command: codemode_cli(command, "--help").stdout for command in {"exec", "serve", "run"}}
+    seen = {command for command, _ in lines}
+    assert seen == {"exec", "serve", "run"}, seen
+    for command, rest in lines:
+        for flag in re.findall(r"--[a-z][a-z-]*", rest):
+            assert flag in helps[command], (command, flag, rest)
