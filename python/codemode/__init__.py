@@ -33,7 +33,17 @@ if TYPE_CHECKING:
         WorkerCrashed,
         WorkerUnavailable,
     )
+    from .namespaces import NamespaceRegistration, ScopeContext, namespace_tool
     from .policy import Block, Defer, Rewrite
+    from .results import (
+        CompletedResult,
+        ExecResult,
+        FailedResult,
+        OutputItem,
+        PendingToolCall,
+        ResultTelemetry,
+        WaitingResult,
+    )
     from .session import CodeMode, Completed, Failed, JsonOutput, Result, Session, Telemetry, TextOutput, Waiting
     from .tools import Tool, ToolContext
 
@@ -53,6 +63,16 @@ _HOME = {
     "ToolDefinitionError": "errors",
     "WorkerCrashed": "errors",
     "WorkerUnavailable": "errors",
+    "NamespaceRegistration": "namespaces",
+    "ScopeContext": "namespaces",
+    "namespace_tool": "namespaces",
+    "CompletedResult": "results",
+    "ExecResult": "results",
+    "FailedResult": "results",
+    "OutputItem": "results",
+    "PendingToolCall": "results",
+    "ResultTelemetry": "results",
+    "WaitingResult": "results",
     "Block": "policy",
     "Defer": "policy",
     "Rewrite": "policy",
@@ -78,15 +98,23 @@ __all__ = [
     "CodeModeConfig",
     "CodemodeError",
     "Completed",
+    "CompletedResult",
     "ConfigError",
     "Defer",
+    "ExecResult",
     "Failed",
+    "FailedResult",
     "JsonOutput",
     "McpServerError",
     "McpTimeoutError",
+    "NamespaceRegistration",
+    "OutputItem",
+    "PendingToolCall",
     "ProtocolError",
     "Result",
+    "ResultTelemetry",
     "Rewrite",
+    "ScopeContext",
     "Session",
     "StoreError",
     "StoreLimitError",
@@ -96,9 +124,11 @@ __all__ = [
     "ToolContext",
     "ToolDefinitionError",
     "Waiting",
+    "WaitingResult",
     "WorkerCrashed",
     "WorkerUnavailable",
     "load_config",
+    "namespace_tool",
 ]
 
 

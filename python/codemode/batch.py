@@ -175,7 +175,7 @@ async def _run_cell(cm: CodeMode, cell: Cell, batch_seed: int | None) -> CellRes
     if output:
         result["output"] = output
     result["telemetry"]["durationMs"] = duration_ms
-    return CellResult(id=cell.id, result=result, waits=waits, seed=seed)
+    return CellResult(id=cell.id, result=dict(result), waits=waits, seed=seed)
 
 
 def write_lines(
@@ -241,7 +241,7 @@ def _session_id(cell: Cell) -> str:
     return cell.session if cell.session is not None else f"batch:{cell.id}"
 
 
-def _undecidable(waiting: dict[str, Any], yields: int) -> bool:
+def _undecidable(waiting: Mapping[str, Any], yields: int) -> bool:
     """Whether only a person could carry this ``waiting`` result on: every pending call waits
     for an approval, or the cell yields once more after ``MAX_YIELDS``."""
     if waiting["reason"] == "yield":

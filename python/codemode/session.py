@@ -20,7 +20,7 @@ import re
 import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
 import msgspec
 
@@ -28,7 +28,7 @@ from . import _engine, catalog, semantic, tracing
 from ._engine import Catalog
 from .approvals import ApprovalRequest, Approvals, call_number
 from .catalog import quick_index
-from .config import BOUNDS, CodeModeConfig, load_config
+from .config import BOUNDS, CodeModeConfig, either_spelling, load_config
 from .errors import (
     ApprovalError,
     ClosedError,
@@ -42,11 +42,21 @@ from .namespaces import NamespaceRegistration, Namespaces
 from .outputs import DEFAULT_READ_CHARS, OutputStore
 from .policy import Approver, Hook, Policy, ToolCallEvent, Trace, TraceEvent
 from .protocol import Configure, EngineLimits, bounded_bytes, utf8_len
+from .results import ExecResult
 from .runs import FOREIGN, UNAVAILABLE, Journal, Run, RunLookupError, RunTable, Scope, Step, journal_size, new_run_id
 from .store import Store, open_store
 from .supervisor import Supervisor
-from .surfaces import SURFACES, ModelTool, Surface, control_tools, directory_listing, payload_bytes
+from .surfaces import (
+    SURFACES,
+    ModelTool,
+    Surface,
+    control_tools,
+    directory_listing,
+    payload_bytes,
+    provider_schema,
+)
 from .tools import (
+    MAX_BRIDGE_BYTES,
     MCP_TOOL,
     BackgroundLoop,
     Blocked,
@@ -166,6 +176,11 @@ class Waiting(msgspec.Struct, tag="waiting", tag_field="status", omit_defaults=T
 Result = Completed | Failed | Waiting
 
 
+def _json(result: Result) -> ExecResult:
+    """``result`` as the JSON ``exec``/``wait`` return, typed as its shape (`codemode.results`)."""
+    return cast("ExecResult", result.to_dict())
+
+
 def _outputs(raw: list[tuple[int, Any]]) -> list[Output]:
     """The spec's outputs from a run's ``(kind, text)`` list (kind 1 already decoded)."""
     out: list[Output] = []
@@ -247,7 +262,8 @@ _PRAGMA = re.compile(r"^\s*//\s*@(options|exec):(.*)$")
 
 
 class CellOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """The first-line pragma ``// @options: {...}`` (or ``// @exec: {...}``)."""
+    """The first-line pragma ``// @options: {...}`` (or ``// @exec: {...}``); each key may be
+    written camelCase too (``timeoutMs``), as the config spells it (`either_spelling`)."""
 
     timeout_ms: int | None = None
     max_output_tokens: int | None = None
@@ -260,9 +276,14 @@ def _cell_options(code: str) -> CellOptions | str:
     if match is None:
         return CellOptions()
     try:
-        options = msgspec.json.decode(match.group(2), type=CellOptions)
-    except msgspec.DecodeError as e:
+        given = msgspec.json.decode(match.group(2))
+        if isinstance(given, dict):
+            given = either_spelling(given, CellOptions)
+        options = msgspec.convert(given, CellOptions)
+    except (msgspec.DecodeError, ConfigError) as e:
         return f"invalid // @{match.group(1)} pragma: {e}"
+    except RecursionError:
+        return f"invalid // @{match.group(1)} pragma: nested too deeply"
     if options.timeout_ms is not None and not 0 < options.timeout_ms <= 2_147_483_647:
         return "// @options timeout_ms must be a positive integer"
     if options.max_output_tokens is not None and options.max_output_tokens < 0:
@@ -288,6 +309,22 @@ def _journal_problem(journal: Journal, config: CodeModeConfig) -> str | None:
     if len(made) != len(journal.calls) or not journal.settled_ids() <= made or not set(journal.open_inputs) <= made:
         return "its calls and results do not match"
     return None
+
+
+def _answer_json(answer: Any) -> str:
+    """A `wait`'s ``answer`` as the JSON its run's ``yield_control`` calls resolve to (``null``,
+    as when none is given, resolves to undefined), capped as a tool result is; a ValueError
+    says why it cannot be one."""
+    try:
+        text = msgspec.json.encode(answer).decode()
+    except (TypeError, ValueError, OverflowError, RecursionError) as e:
+        raise ValueError(f"wait `answer` must be a JSON value: {type(e).__name__}: {e}"[:500]) from None
+    size = utf8_len(text)
+    if size > MAX_BRIDGE_BYTES:
+        raise ValueError(
+            f"wait `answer` is {size} bytes of JSON; the limit is {MAX_BRIDGE_BYTES}, as for a tool result"
+        )
+    return text
 
 
 def _check_seed(seed: int | None) -> None:
@@ -686,7 +723,7 @@ class CodeMode:
             return []
         view = self.catalog()
         direct_only = [
-            ModelTool(t.name, t.description, t.input_schema or {"type": "object"})
+            ModelTool(t.name, t.description, provider_schema(t.input_schema or {"type": "object"}))
             for t in self._registry.all()
             if t.direct_only and t.name in view.direct
         ]
@@ -704,7 +741,11 @@ class CodeMode:
                 hits = msgspec.json.decode(self._search_catalog().search(likely, LIKELY_SCHEMAS))
                 shown += [h["id"] for h in hits if h["id"] in names and h["id"] not in shown]
             likely_tools = [
-                ModelTool(names[tool_id], view.tools[tool_id].description, view.tools[tool_id].input_schema or {})
+                ModelTool(
+                    names[tool_id],
+                    view.tools[tool_id].description,
+                    provider_schema(view.tools[tool_id].input_schema or {}),
+                )
                 for tool_id in shown
                 if tool_id in names
             ]
@@ -728,7 +769,9 @@ class CodeMode:
         """Every catalog tool as its own definition, under its provider-safe name."""
         return {
             name: ModelTool(
-                name, view.tools[tool_id].description, view.tools[tool_id].input_schema or {"type": "object"}
+                name,
+                view.tools[tool_id].description,
+                provider_schema(view.tools[tool_id].input_schema or {"type": "object"}),
             )
             for name, tool_id in self._direct_names(view).items()
         }
@@ -1113,8 +1156,10 @@ class CodeMode:
         claimed = self._claim(session, args, started)
         if isinstance(claimed, Failed):
             return claimed
-        run, configure = claimed
-        return self._driven(run, started, "wait", lambda: self._supervisor.resume(run, configure, run.timeout_ms))
+        run, configure, answer = claimed
+        return self._driven(
+            run, started, "wait", lambda: self._supervisor.resume(run, configure, run.timeout_ms, answer)
+        )
 
     @tracing.traced("wait")
     async def _wait_async(self, session: Session, args: Any) -> Result:
@@ -1122,19 +1167,24 @@ class CodeMode:
         claimed = self._claim(session, args, started)
         if isinstance(claimed, Failed):
             return claimed
-        run, configure = claimed
+        run, configure, answer = claimed
         return await self._driven_async(
-            run, started, "wait", self._supervisor.resume_async(run, configure, run.timeout_ms)
+            run, started, "wait", self._supervisor.resume_async(run, configure, run.timeout_ms, answer)
         )
 
-    def _claim(self, session: Session, args: Any, started: float) -> tuple[Run, Configure] | Failed:
-        """The run a `wait` resumes (marked resuming), and the configuration a replay needs."""
+    def _claim(self, session: Session, args: Any, started: float) -> tuple[Run, Configure, str] | Failed:
+        """The run a `wait` resumes (marked resuming), the configuration a replay needs, and
+        the JSON its yields are answered with."""
         if self._closed:
             raise ClosedError("this CodeMode is closed")
         # (No `_sweep` here: the sweeper expires runs, and `claim` refuses an expired one.)
         run_id = args.get("runId") if isinstance(args, dict) else None
         if not isinstance(run_id, str) or not run_id:
             return self._invalid(started, "wait requires a `runId` string.")
+        try:
+            answer = _answer_json(args.get("answer"))
+        except ValueError as e:
+            return self._invalid(started, str(e))
         try:
             run = self._runs.claim(run_id, session.scope)
         except RunLookupError as e:
@@ -1148,7 +1198,7 @@ class CodeMode:
                 configure = self._configure_for(run)
         except Exception as e:
             return self._broken(run, started, e)
-        return run, configure
+        return run, configure, answer
 
     def _snapshot(self, session_id: str, branch: str) -> dict[str, str]:
         cache = self._store_cache
@@ -1392,13 +1442,15 @@ class Session:
         #: Suspended runs belong to this key: the session and, if given, the agent run.
         self.scope: Scope = (session_id, agent_run)
 
-    def exec(self, args: dict[str, Any]) -> dict[str, Any]:
+    def exec(self, args: dict[str, Any]) -> ExecResult:
         """Runs one cell; returns the spec's JSON result (``completed``, ``waiting``, ``failed``)."""
-        return self.codemode._exec(self, args, self.codemode._loop.get).to_dict()
+        return _json(self.codemode._exec(self, args, self.codemode._loop.get))
 
-    def wait(self, args: dict[str, Any]) -> dict[str, Any]:
-        """Resumes a ``waiting`` run (``{"runId": ...}``); the same result union as ``exec``."""
-        return self.codemode._wait(self, args).to_dict()
+    def wait(self, args: dict[str, Any]) -> ExecResult:
+        """Resumes a ``waiting`` run (``{"runId": ...}``); the same result union as ``exec``.
+        ``{"runId": ..., "answer": v}`` answers a run waiting on ``yield_control``: its ``await
+        yield_control(...)`` resolves to ``v`` (any JSON value; none, or null, is undefined)."""
+        return _json(self.codemode._wait(self, args))
 
     def run(
         self,
@@ -1411,9 +1463,9 @@ class Session:
         args = {"code": code, "language": language, "restartSafe": restart_safe}
         return self.codemode._exec(self, args, self.codemode._loop.get)
 
-    def resume(self, run_id: str) -> Result:
+    def resume(self, run_id: str, answer: Any = None) -> Result:
         """Typed ``wait``."""
-        return self.codemode._wait(self, {"runId": run_id})
+        return self.codemode._wait(self, {"runId": run_id, "answer": answer})
 
     def cancel(self, run_id: str) -> bool:
         """Aborts one of this session's suspended runs and cancels its tool tasks."""
@@ -1456,7 +1508,7 @@ class Session:
         if name == "exec":
             return cm._exec(self, args, cm._loop.get, outer_hook=True).to_dict()
         if name == "wait":
-            return self.wait(args)
+            return cm._wait(self, args).to_dict()
         if name == "tool_search_code":
             cell = _search_code_cell(args)
             return cm._exec(self, cell, cm._loop.get, min_timeout_ms=TOOL_SEARCH_CODE_MIN_TIMEOUT_MS).to_dict()
@@ -1471,7 +1523,7 @@ class Session:
         if name == "exec":
             return (await cm._exec_async(self, args, outer_hook=True)).to_dict()
         if name == "wait":
-            return await self.wait_async(args)
+            return (await cm._wait_async(self, args)).to_dict()
         if name == "tool_search_code":
             cell = _search_code_cell(args)
             return (await cm._exec_async(self, cell, min_timeout_ms=TOOL_SEARCH_CODE_MIN_TIMEOUT_MS)).to_dict()
@@ -1502,14 +1554,14 @@ class Session:
             return cm.call_tool(self, target, args)
         return {"error": f"unknown tool: {name}"}
 
-    async def exec_async(self, args: dict[str, Any], *, seed: int | None = None) -> dict[str, Any]:
+    async def exec_async(self, args: dict[str, Any], *, seed: int | None = None) -> ExecResult:
         """``exec`` as a coroutine on this loop (no thread waits for it); async tools run on this
         loop, sync tools on a bounded pool (`supervisor.SYNC_TOOL_THREADS`). ``seed`` (0 to
         2**63 - 1) fixes the cell's ``Math.random`` sequence; by default each run draws its own."""
-        return (await self.codemode._exec_async(self, args, seed=seed)).to_dict()
+        return _json(await self.codemode._exec_async(self, args, seed=seed))
 
-    async def wait_async(self, args: dict[str, Any]) -> dict[str, Any]:
-        return (await self.codemode._wait_async(self, args)).to_dict()
+    async def wait_async(self, args: dict[str, Any]) -> ExecResult:
+        return _json(await self.codemode._wait_async(self, args))
 
     async def run_async(
         self,
@@ -1521,6 +1573,6 @@ class Session:
         args = {"code": code, "language": language, "restartSafe": restart_safe}
         return await self.codemode._exec_async(self, args)
 
-    async def resume_async(self, run_id: str) -> Result:
+    async def resume_async(self, run_id: str, answer: Any = None) -> Result:
         """Typed ``wait_async``."""
-        return await self.codemode._wait_async(self, {"runId": run_id})
+        return await self.codemode._wait_async(self, {"runId": run_id, "answer": answer})
