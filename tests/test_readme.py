@@ -27,7 +27,14 @@ def test_readme_usage_example_runs_as_written():
 
 @pytest.mark.parametrize(
     "heading",
-    ["### Concurrency", "### Long outputs", "### Approvals that pause a run", "### Defining tools", "### Batches"],
+    [
+        "### Concurrency",
+        "### Long outputs",
+        "### Approvals that pause a run",
+        "### Defining tools",
+        "### Batches",
+        "### Observability",
+    ],
 )
 def test_readme_section_example_runs_as_written(heading: str):
     run_example(heading)
