@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .config import CodeModeConfig, load_config
     from .errors import (
         ApprovalError,
+        BatchError,
         ClosedError,
         CodemodeError,
         ConfigError,
@@ -52,6 +53,7 @@ _HOME = {
     "CodeModeConfig": "config",
     "load_config": "config",
     "ApprovalError": "errors",
+    "BatchError": "errors",
     "ClosedError": "errors",
     "CodemodeError": "errors",
     "ConfigError": "errors",
@@ -92,6 +94,7 @@ _HOME = {
 __all__ = [
     "ApprovalError",
     "ApprovalRequest",
+    "BatchError",
     "Block",
     "ClosedError",
     "CodeMode",
