@@ -29,6 +29,8 @@ def test_readme_usage_example_runs_as_written():
     "heading",
     [
         "### Concurrency",
+        "### Waiting and resuming",
+        "### The catalog, policy and namespaces",
         "### Long outputs",
         "### Approvals that pause a run",
         "### Defining tools",

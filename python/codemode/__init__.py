@@ -35,7 +35,7 @@ if TYPE_CHECKING:
         WorkerUnavailable,
     )
     from .namespaces import NamespaceRegistration, ScopeContext, namespace_tool
-    from .policy import Block, Defer, Rewrite
+    from .policy import Block, Defer, Rewrite, ToolCallEvent
     from .results import (
         CompletedResult,
         ExecResult,
@@ -78,6 +78,7 @@ _HOME = {
     "Block": "policy",
     "Defer": "policy",
     "Rewrite": "policy",
+    "ToolCallEvent": "policy",
     "CodeMode": "session",
     "Completed": "session",
     "Failed": "session",
@@ -124,6 +125,7 @@ __all__ = [
     "Telemetry",
     "TextOutput",
     "Tool",
+    "ToolCallEvent",
     "ToolContext",
     "ToolDefinitionError",
     "Waiting",
