@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from codemode import CodeMode
@@ -21,15 +22,22 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 SECRET = "sk-live-7d3f9a1c-never-in-a-span"
+TESTS = Path(__file__).parent
+
+
+def in_memory() -> tuple[InMemorySpanExporter, TracerProvider]:
+    """A provider whose finished spans land in the exporter, at once."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter, provider
 
 
 class Traced:
     """A CodeMode reporting to an in-memory exporter, and its tools' gate."""
 
     def __init__(self) -> None:
-        self.exporter = InMemorySpanExporter()
-        self.provider = TracerProvider()
-        self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.exporter, self.provider = in_memory()
         self.cm = CodeMode({"workers": 1, "timeoutMs": 5000}, tracer_provider=self.provider)
         #: `slow` answers once this is set.
         self.gate = threading.Event()
@@ -222,9 +230,7 @@ def test_no_span_carries_a_tool_input_a_result_or_an_error_text(t: Traced):
 
 
 def test_a_call_held_for_approval_is_a_deferred_span_then_one_under_the_wait_that_decides_it(make_codemode):
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    exporter, provider = in_memory()
     cm = make_codemode({"workers": 1}, require_approval=["deploy"], tracer_provider=provider)
 
     @cm.tool
@@ -256,6 +262,21 @@ def test_a_call_held_for_approval_is_a_deferred_span_then_one_under_the_wait_tha
         (2, "deferred", span_id(exec_span)),
         (2, "error", span_id(wait_span)),
     ]
+
+
+def test_an_mcp_tool_call_is_a_child_span_of_its_exec(make_codemode):
+    exporter, provider = in_memory()
+    server = {"command": sys.executable, "args": [str(TESTS / "mcp_named_server.py"), "lookup"]}
+    cm = make_codemode({"workers": 1, "timeoutMs": 20_000, "mcpServers": {"named": server}}, tracer_provider=provider)
+    result = cm.session("mcp").exec({"code": "return (await MCP.named.lookup({})).content[0].text"})
+    assert result["value"] == "lookup", result
+    spans = exporter.get_finished_spans()
+    (exec_span,) = [x for x in spans if x.name == "codemode.exec"]
+    (call,) = [x for x in spans if x.name == "codemode.tool_call"]
+    assert call.attributes["codemode.tool_id"] == "mcp:named:lookup"
+    assert call.attributes["codemode.status"] == "ok"
+    assert parent_id(call) == span_id(exec_span)
+    assert exec_span.attributes["codemode.telemetry.catalog_sources.mcp"] == 1
 
 
 def run_script(script: str) -> subprocess.CompletedProcess[str]:
