@@ -176,7 +176,7 @@ def test_run_warns_of_an_mcp_server_it_cannot_start_and_runs_the_cells(tools_dir
     cells = write_cells(tmp_path / "cells.jsonl", [{"code": "return 1"}])
     proc = codemode_run(cells, "--config", servers, tools_dir=tools_dir)
     assert proc.returncode == 0
-    assert "codemode: warning: MCP server 'gone': " in proc.stderr
+    assert "codemode: warning: MCP server 'gone' is unavailable: " in proc.stderr
     assert [line["value"] for line in lines_of(proc.stdout)] == [1]
 
 

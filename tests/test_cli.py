@@ -112,7 +112,7 @@ def test_exec_warns_of_an_mcp_server_that_cannot_start_and_runs_the_cell(tmp_pat
     assert json.loads(proc.stdout)["value"] == 42
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("codemode: warning: ")]
     assert len(warnings) == 1, proc.stderr
-    assert warnings[0].startswith("codemode: warning: MCP server 'gone': "), warnings
+    assert warnings[0].startswith("codemode: warning: MCP server 'gone' is unavailable: "), warnings
     assert "Traceback" not in proc.stderr
 
 

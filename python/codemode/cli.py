@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -32,7 +33,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .extras import missing_extra
-from .session import MCP_DISABLED, CodeMode
+from .session import CodeMode
 from .store import SqliteStore
 
 __all__ = ["main"]
@@ -90,7 +91,7 @@ def _serve(args: argparse.Namespace) -> int:
     with cm:
         for spec in args.tools:
             _load_tools(cm, spec)
-        cm.load_mcp_tools()
+        _list_servers(cm)
         if store is not None:
             serve_http(cm, store, args.http, token)
         else:
@@ -113,10 +114,31 @@ def _read_cell(path: Path) -> tuple[str, str]:
 
 def _list_servers(cm: CodeMode) -> None:
     """Lists every MCP server before the first cell starts (an exec alone waits only so long
-    for one); one that cannot be used is a warning on stderr, and the cells run without it."""
-    for server, reason in cm.load_mcp_tools().items():
-        if reason is not None and reason != MCP_DISABLED:
-            print(f"codemode: warning: MCP server {server!r}: {reason}", file=sys.stderr)
+    for one); one that cannot be used is logged as it fails (a ``codemode: warning:`` line on
+    stderr, `_log_to_stderr`), and the cells run without it."""
+    cm.load_mcp_tools()
+
+
+class _CommandLineFormat(logging.Formatter):
+    """A record as the command's own lines on stderr read: ``codemode: warning: ...``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"codemode: {record.levelname.lower()}: {record.getMessage()}"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def _log_to_stderr() -> None:
+    """codemode's warnings (an MCP server that cannot start, say) as the command's lines on
+    stderr, each once: not also through the root handler the MCP SDK's server sets up."""
+    logger = logging.getLogger("codemode")
+    if not any(isinstance(h.formatter, _CommandLineFormat) for h in logger.handlers):
+        handler = logging.StreamHandler()
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(_CommandLineFormat())
+        logger.addHandler(handler)
+    logger.propagate = False
 
 
 def _exec(args: argparse.Namespace) -> int:
@@ -175,6 +197,7 @@ def _run_batch(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the ``codemode`` command line; returns the exit status (see the module docstring)."""
+    _log_to_stderr()
     try:
         return _command(argv)
     except (_Refused, ConfigError) as e:
