@@ -204,7 +204,7 @@ def test_a_failed_tool_call_is_an_error_span_without_its_message(t: Traced):
     assert "the backend is down" not in str(call.status.description) and not call.events
 
 
-def test_no_span_carries_a_tool_input_a_result_or_an_error_text(t: Traced):
+def test_no_span_carries_a_tool_input_a_result_an_error_text_or_a_yield(t: Traced):
     s = t.cm.session("secret")
     code = f"""
         const login = await tools.login({{user: "ann", token: "{SECRET}"}});
@@ -213,8 +213,11 @@ def test_no_span_carries_a_tool_input_a_result_or_an_error_text(t: Traced):
     """
     result = s.exec({"code": code})
     assert result["status"] == "failed" and SECRET in result["error"]
+    waiting = s.exec({"code": f'return await yield_control("{SECRET}")'})  # a yield's reason
+    assert waiting["status"] == "waiting", waiting
+    assert s.wait({"runId": waiting["runId"], "answer": SECRET})["value"] == SECRET  # and its answer
     spans = t.spans()
-    assert {s.name for s in spans} == {"codemode.exec", "codemode.tool_call"}
+    assert {s.name for s in spans} == {"codemode.exec", "codemode.wait", "codemode.tool_call"}
     for span in spans:
         shown = json.dumps(
             [
