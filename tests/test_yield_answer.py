@@ -141,3 +141,32 @@ def test_the_model_facing_wait_takes_an_answer_in_strict_mode(cm):
     assert next(t for t in to_openai([wait]))["function"]["strict"] is True
     run_id = asked(s)
     assert s.handle("wait", {"runId": run_id, "answer": "Oslo"})["value"] == {"a": "Oslo", "kind": "string"}
+
+
+def test_codemode_serve_wait_carries_the_answer_to_the_yield():
+    import json
+    import sys
+    from pathlib import Path
+
+    import codemode
+    from mcp import Client, StdioServerParameters
+
+    path = os.pathsep.join([str(Path(__file__).parent), str(Path(codemode.__file__).resolve().parents[1])])
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "codemode.cli", "serve"], env={"PYTHONPATH": path}
+    )
+
+    def decoded(called: Any) -> dict[str, Any]:
+        return json.loads("".join(getattr(block, "text", "") for block in called.content))  # type: ignore[no-any-return]
+
+    async def session() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        async with Client(params) as client:
+            wait_tool = next(t for t in (await client.list_tools()).tools if t.name == "wait")
+            first = decoded(await client.call_tool("exec", {"code": ASK}))
+            done = decoded(await client.call_tool("wait", {"runId": first["runId"], "answer": "Oslo"}))
+            return wait_tool.input_schema, first, done
+
+    schema, first, done = asyncio.run(session())
+    assert "answer" in schema["properties"]
+    assert first["reason"] == "yield", first
+    assert done["value"] == {"a": "Oslo", "kind": "string"}, done

@@ -105,7 +105,8 @@ EXEC_PREAMBLE = """Run a JavaScript or TypeScript cell (an async function body: 
 against the hidden tool catalog. In the cell: `await tools.search(query, {limit})` -> compact entries; \
 `await tools.describe(id)` -> full schemas; `await tools.callValue(id, input)` -> the tool's value (an exact \
 id, or an unambiguous tool name); `tools.<name>(input)` for unambiguous names; `ALL_TOOLS`; `text(v)`, \
-`json(v)`, `console.log` for output; `await yield_control(reason)` to hand control back. MCP tools are \
+`json(v)`, `console.log` for output; `await yield_control(reason)` to hand control back (it resolves to \
+the `answer` the next `wait` gives). MCP tools are \
 `await MCP.<server>.<tool>({...})`: read their declarations with `await API.list("mcp")` and \
 `await API.read("mcp/<server>.d.ts")`. There is no `import`, `require`, file system, network or timer: \
 everything goes through these. Return one compact JSON value. If the result says `waiting`, call `wait` \
