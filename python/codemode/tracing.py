@@ -74,6 +74,8 @@ def tracer(provider: TracerProvider | None = None) -> Tracer | None:
     follows ``trace.set_tracer_provider`` even when that comes later); None without the API."""
     if _trace is None:
         return None
+    # (The scope's version is the engine's: `codemode.__version__` reads importlib.metadata,
+    # ~60 ms the first time, too much for each CodeMode.)
     return _trace.get_tracer(SCOPE, _engine.__version__, tracer_provider=provider)
 
 
