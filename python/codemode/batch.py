@@ -14,7 +14,8 @@ batch differs from a conversation in three ways:
   cells running at once (a slow cell does not hold back the lines of the quick ones).
 - **A seed makes runs comparable.** ``seed=S`` gives each cell its own seed derived from ``S``
   and the cell's id (never from its place in the completion order, or the concurrency), so a
-  cell's ``Math.random`` sequence is the same in every run with ``S``.
+  cell's ``Math.random`` sequence and its clock are the same in every run with ``S`` (a seeded
+  run's ``Date`` is fixed: `runs.fixed_clock_start`).
 
 Each cell runs in its own session (``batch:<id>``) unless it names one: its ``store`` values
 and its share of suspended runs are its own, so no cell sees what another stored before it (which

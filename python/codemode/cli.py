@@ -239,7 +239,7 @@ def _command(argv: Sequence[str] | None) -> int:
     batch.add_argument("--config", type=Path, help="an MCP client config file with `mcpServers`: their tools too")
     batch.add_argument("--timeout-ms", type=int, default=None, help="each cell's deadline (ms, 100-60000)")
     batch.add_argument("--concurrency", type=int, default=8, help="cells running at once (1-64; default 8)")
-    batch.add_argument("--seed", type=int, default=None, help="seed every cell's Math.random from S and its id")
+    batch.add_argument("--seed", type=int, default=None, help="seed each cell (Math.random, clock) from S and its id")
     batch.add_argument("--out", type=Path, default=None, help="write the results here (default stdout)")
     args = parser.parse_args(argv)
     if args.command == "serve":

@@ -43,7 +43,19 @@ from .outputs import DEFAULT_READ_CHARS, OutputStore
 from .policy import Approver, Hook, Policy, ToolCallEvent, Trace, TraceEvent
 from .protocol import Configure, EngineLimits, bounded_bytes, utf8_len
 from .results import ExecResult
-from .runs import FOREIGN, UNAVAILABLE, Journal, Run, RunLookupError, RunTable, Scope, Step, journal_size, new_run_id
+from .runs import (
+    FOREIGN,
+    UNAVAILABLE,
+    Journal,
+    Run,
+    RunLookupError,
+    RunTable,
+    Scope,
+    Step,
+    fixed_clock_start,
+    journal_size,
+    new_run_id,
+)
 from .store import Store, open_store
 from .supervisor import Supervisor
 from .surfaces import (
@@ -879,7 +891,7 @@ class CodeMode:
     ) -> AsyncGenerator[CellResult, None]:
         """Runs a batch of cells, at most ``concurrency`` at once, carrying each through its
         ``wait``s: an async iterator of final results in completion order (``codemode.batch``).
-        ``seed`` makes each cell's ``Math.random`` the same in every run with it."""
+        ``seed`` makes each cell's ``Math.random`` and clock the same in every run with it."""
         from .batch import run_many
 
         return run_many(self, cells, concurrency=concurrency, seed=seed)
@@ -1124,6 +1136,7 @@ class CodeMode:
             source=code,
             seed=random.getrandbits(63) if seed is None else seed,
             run_json=msgspec.json.encode(run_setup).decode() if run_setup else "{}",
+            clock_start=None if seed is None else fixed_clock_start(seed),
             restart_safe=restart_safe,
             session_id=session_id,
             agent_run=session.agent_run,
@@ -1558,7 +1571,9 @@ class Session:
     async def exec_async(self, args: dict[str, Any], *, seed: int | None = None) -> ExecResult:
         """``exec`` as a coroutine on this loop (no thread waits for it); async tools run on this
         loop, sync tools on a bounded pool (`supervisor.SYNC_TOOL_THREADS`). ``seed`` (0 to
-        2**63 - 1) fixes the cell's ``Math.random`` sequence; by default each run draws its own."""
+        2**63 - 1) makes the run reproducible: it fixes the cell's ``Math.random`` sequence and its
+        clock (``Date`` starts at a time the seed gives and moves 1 ms a read, whatever the real
+        time: `runs.fixed_clock_start`); by default each run draws its own and reads the real clock."""
         return _json(await self.codemode._exec_async(self, args, seed=seed))
 
     async def wait_async(self, args: dict[str, Any]) -> ExecResult:

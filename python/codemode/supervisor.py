@@ -64,7 +64,6 @@ from .protocol import (
     Replay,
     Report,
     Settle,
-    Start,
     decode_guest_json,
     input_hash,
     too_heavy,
@@ -1136,16 +1135,7 @@ class Supervisor:
         if kind == "start":
             run.engine_run = next(self._run_ids)
             step.deadline += waited
-            frames.append(
-                Start(
-                    run.engine_run,
-                    journal.source,
-                    journal.language,
-                    float(run.timeout_ms),
-                    journal.seed,
-                    journal.run_json,
-                )
-            )
+            frames.append(journal.start_frame(run.engine_run, float(run.timeout_ms)))
             kill_at = step.deadline + KILL_GRACE_S
             lane.started += 1
             if lane.started >= RUNS_PER_WORKER and not lane.retiring:
@@ -1177,9 +1167,7 @@ class Supervisor:
             kill_at = step.deadline + KILL_GRACE_S
         else:
             run.engine_run = next(self._run_ids)
-            start = Start(
-                run.engine_run, journal.source, journal.language, float(run.timeout_ms), journal.seed, journal.run_json
-            )
+            start = journal.start_frame(run.engine_run, float(run.timeout_ms))
             frames.append(Replay(start, journal.batches, journal.clock_reads))
             step.deadline += waited
             # The replay has the budget the engine gives it (a timeout per step).

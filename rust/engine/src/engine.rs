@@ -366,6 +366,8 @@ struct State {
     clock_reads: Vec<ClockRun>,
     /// Readings to serve before the real clock (journal replay), oldest last.
     clock_replay: Vec<ClockRun>,
+    /// A fixed clock's next reading (`fix_clock`): each read gives it and moves it on 1 ms.
+    clock_fixed: Option<f64>,
 }
 
 /// The prelude functions Rust calls; never reachable from guest code.
@@ -446,9 +448,18 @@ impl Engine {
             output_calls: 0,
             clock_reads: Vec::new(),
             clock_replay: Vec::new(),
+            clock_fixed: None,
         }));
         let internals = context.with(|ctx| install_prelude(&ctx, PRELUDE_BYTECODE, &state, &flags))?;
         Ok(Engine { cell: None, decided: None, internals, state, context, runtime, flags, started: false })
+    }
+
+    /// Makes the clock fixed, for a reproducible run: the first read gives `start_ms`, each read
+    /// after it 1 ms more (a loop that waits for the clock still ends), whatever the real time.
+    /// A function of the reads alone, so no reading is reported: a replay with the same start
+    /// reads the same values.
+    pub fn fix_clock(&mut self, start_ms: f64) {
+        self.state.borrow_mut().clock_fixed = Some(start_ms);
     }
 
     /// Serves these clock readings (runs, oldest first) before the real clock: journal replay.
@@ -900,6 +911,10 @@ fn install_prelude<'js>(
         "now",
         Function::new(ctx.clone(), move |ctx: Ctx<'js>| -> rquickjs::Result<f64> {
             let mut st = clock_state.borrow_mut();
+            if let Some(reading) = st.clock_fixed {
+                st.clock_fixed = Some(reading + 1.0);
+                return Ok(reading);
+            }
             let reading = match st.clock_replay.last_mut() {
                 Some((value, count)) => {
                     let value = *value;

@@ -185,6 +185,9 @@ impl Worker {
             Ok(engine) => engine,
             Err(message) => return fault(start.run, message),
         };
+        if let Some(clock_start) = start.clock_start {
+            engine.fix_clock(clock_start);
+        }
         let outcome = engine.start(&start.source, language, start.timeout_ms, start.seed, &start.run_json);
         self.keep(start.run, engine, pending(&outcome));
         WorkerFrame::Report(report(start.run, outcome))
@@ -247,6 +250,9 @@ impl Worker {
         };
         let readings: Vec<(f64, u32)> = clock_reads.iter().map(|&(ms, count)| (ms, count.get())).collect();
         engine.replay_clock(&readings);
+        if let Some(clock_start) = start.clock_start {
+            engine.fix_clock(clock_start);
+        }
         let mut outcome = engine.start(&start.source, language, start.timeout_ms, start.seed, &start.run_json);
         let mut calls: Vec<Call> = hashed(&outcome.calls).collect();
         for batch in batches {
