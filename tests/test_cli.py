@@ -232,3 +232,31 @@ def test_the_docs_name_only_flags_the_command_has():
     for command, rest in lines:
         for flag in re.findall(r"--[a-z][a-z-]*", rest):
             assert flag in helps[command], (command, flag, rest)
+
+
+#: A library user's ``CodeMode`` with an MCP server, in a child where the mcp extra is absent.
+LIBRARY_WITHOUT_MCP = r"""
+import importlib.abc, sys
+
+class NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in {"mcp", "mcp_types", "anyio"}:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, NotInstalled())
+from codemode import CodeMode
+try:
+    CodeMode({"mcpServers": {"s": {"command": "true"}}})
+except ImportError as e:
+    print(e.name, "|", e)
+"""
+
+
+def test_a_library_user_without_the_mcp_extra_is_told_to_install_it():
+    proc = subprocess.run(
+        [sys.executable, "-c", LIBRARY_WITHOUT_MCP], capture_output=True, text=True, timeout=120, check=True
+    )
+    name, _, message = proc.stdout.strip().partition(" | ")
+    assert name in {"mcp", "mcp_types", "anyio"}
+    assert message.endswith("this needs the 'mcp' extra (pip install 'codemode[mcp]')"), message

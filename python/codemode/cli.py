@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .extras import missing_extra
+from .extras import explained, missing_extra
 from .session import CodeMode
 from .store import SqliteStore
 
@@ -203,10 +203,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (_Refused, ConfigError) as e:
         message = str(e)
     except ImportError as e:
-        extra = missing_extra(e)
-        if extra is None:
+        if missing_extra(e) is None:
             raise
-        message = f"{e}: this needs the {extra!r} extra (pip install 'codemode[{extra}]')"
+        message = str(explained(e))
     print("codemode: error: " + " ".join(message.splitlines()), file=sys.stderr)
     return EXIT_REFUSED
 

@@ -11,7 +11,7 @@ checks that every third-party module the package imports is either a core depend
 
 from __future__ import annotations
 
-__all__ = ["EXTRA_OF_MODULE", "missing_extra"]
+__all__ = ["EXTRA_OF_MODULE", "explained", "missing_extra"]
 
 #: The top-level module -> the extra whose install brings it. ``anyio``, ``httpx2``,
 #: ``starlette``, ``uvicorn`` and the backports come with the ``mcp`` SDK, which codemode's MCP
@@ -41,3 +41,13 @@ def missing_extra(error: ImportError) -> str | None:
     if error.name is None:
         return None
     return EXTRA_OF_MODULE.get(error.name.partition(".")[0])
+
+
+def explained(error: ImportError) -> ImportError:
+    """``error`` saying which extra to install, as an ``ImportError`` naming the same module;
+    ``error`` itself when no extra provides the module, or when it says so already."""
+    extra = missing_extra(error)
+    if extra is None or "pip install 'codemode[" in str(error):
+        return error
+    hint = f"{error}: this needs the {extra!r} extra (pip install 'codemode[{extra}]')"
+    return ImportError(hint, name=error.name, path=error.path)

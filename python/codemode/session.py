@@ -38,6 +38,7 @@ from .errors import (
     StoreLimitError,
     ToolDefinitionError,
 )
+from .extras import explained
 from .namespaces import NamespaceRegistration, Namespaces
 from .outputs import DEFAULT_READ_CHARS, OutputStore
 from .policy import Approver, Hook, Policy, ToolCallEvent, Trace, TraceEvent
@@ -482,8 +483,12 @@ class CodeMode:
     def add_mcp_server(self, name: str, config: Mapping[str, Any]) -> None:
         """Adds an MCP server (``{"command", "args", "env"}`` or ``{"url", "headers"}``, as MCP
         clients write them; see ``codemode.mcp.parse_server_config``); its tools join the catalog
-        on the next exec (or ``load_mcp_tools()``), unless the entry says ``"disabled": true``."""
-        from .mcp import McpServers
+        on the next exec (or ``load_mcp_tools()``), unless the entry says ``"disabled": true``.
+        Without the ``mcp`` extra, an ``ImportError`` that says to install it."""
+        try:
+            from .mcp import McpServers
+        except ImportError as e:
+            raise explained(e) from e
 
         with self._mcp_lock:
             if self._mcp is None:
