@@ -20,7 +20,7 @@ import re
 import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import msgspec
 
@@ -40,9 +40,23 @@ from .errors import (
 )
 from .extras import explained
 from .namespaces import NamespaceRegistration, Namespaces
-from .outputs import DEFAULT_READ_CHARS, OutputStore
+from .outcomes import (
+    Completed,
+    Failed,
+    JsonOutput,
+    Output,
+    Result,
+    Telemetry,
+    TextOutput,
+    Waiting,
+    as_json,
+    cut_to_budget,
+    failure_text,
+    outputs_of,
+)
+from .outputs import OutputStore
 from .policy import Approver, Hook, Policy, ToolCallEvent, Trace, TraceEvent
-from .protocol import Configure, EngineLimits, bounded_bytes, utf8_len
+from .protocol import Configure, EngineLimits, utf8_len
 from .results import ExecResult
 from .runs import (
     FOREIGN,
@@ -101,8 +115,6 @@ LIKELY_SCHEMAS = 3
 MAX_SOURCE_CHARS = 1 << 20
 #: Characters of the reason a host gives when it rejects a call (it reaches the guest).
 MAX_REASON_CHARS = 1000
-#: What a failed run's error keeps when its outputs used up maxOutputBytes: enough to say why.
-MIN_ERROR_BYTES = 256
 #: The lower bound of a `tool_search_code` cell's timeout (seed 001).
 TOOL_SEARCH_CODE_MIN_TIMEOUT_MS = 1000
 #: How long an unreachable MCP server is left alone before an exec lists it again (in the
@@ -126,150 +138,6 @@ everything goes through these. Return one compact JSON value. If the result says
 with its runId. An arrow `-> ?` means the output shape is unknown: return the raw value first instead of \
 guessing field names.
 Catalog (id input -> output):"""
-
-
-class TextOutput(msgspec.Struct, tag="text", tag_field="type"):
-    text: str
-
-
-class JsonOutput(msgspec.Struct, tag="json", tag_field="type"):
-    value: Any
-
-
-class ImageOutput(msgspec.Struct, tag="image", tag_field="type", rename="camel"):
-    mime_type: str
-    data: str
-
-
-Output = TextOutput | JsonOutput | ImageOutput
-
-
-class Telemetry(msgspec.Struct, rename="camel"):
-    duration_ms: float
-    tool_calls: int
-    searches: int
-    describes: int
-    memory_bytes: int
-    catalog_size: int
-    catalog_sources: dict[str, int]
-    model_visible_tools: list[str]
-
-
-class Completed(msgspec.Struct, tag="completed", tag_field="status", omit_defaults=True):
-    value: Any
-    telemetry: Telemetry
-    output: list[Output] = msgspec.field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
-
-
-class Failed(msgspec.Struct, tag="failed", tag_field="status", omit_defaults=True):
-    error: str
-    telemetry: Telemetry
-    code: str | None = None
-    output: list[Output] = msgspec.field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
-
-
-class Waiting(msgspec.Struct, tag="waiting", tag_field="status", omit_defaults=True, rename="camel"):
-    run_id: str
-    reason: str
-    telemetry: Telemetry
-    pending_tool_calls: list[dict[str, Any]] = msgspec.field(default_factory=list)
-    output: list[Output] = msgspec.field(default_factory=list)
-    #: A ``restartSafe`` run (read-only tools only): safe to replay after a restart.
-    replay_safe: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
-
-
-Result = Completed | Failed | Waiting
-
-
-def _json(result: Result) -> ExecResult:
-    """``result`` as the JSON ``exec``/``wait`` return, typed as its shape (`codemode.results`)."""
-    return cast("ExecResult", result.to_dict())
-
-
-def _outputs(raw: list[tuple[int, Any]]) -> list[Output]:
-    """The spec's outputs from a run's ``(kind, text)`` list (kind 1 already decoded)."""
-    out: list[Output] = []
-    for kind, text in raw:
-        if kind == 1:
-            out.append(JsonOutput(text))
-        elif kind == 6:
-            mime, _, data = text.partition(";")
-            out.append(ImageOutput(mime, data))
-        else:
-            out.append(TextOutput(text))  # console lines carry their prefix from the engine
-    return out
-
-
-#: Keeps a cut's full text for the run's session; gives its handle, or None if it is not kept.
-Keep = Callable[[str], str | None]
-#: A value with no more JSON than this is never cut (a cut note is longer) and leaves the text
-#: outputs the whole budget.
-SMALL_VALUE_CHARS = 256
-#: What a cut note calls a cut value.
-_VALUE_CUT = "the value's JSON"
-
-
-def _cut(outputs: list[Output], value: Any, budget: int, keep: Keep) -> tuple[list[Output], Any]:
-    """``outputs`` and ``value`` within a text budget of ``budget`` characters (``// @options:
-    {"max_output_tokens": N}``, ~4 characters a token). A value whose JSON is over
-    ``SMALL_VALUE_CHARS`` keeps what the text outputs leave, and at least half the budget; the
-    text outputs keep the rest. What is cut is kept in full (`_cut_note`)."""
-    value_json = msgspec.json.encode(value).decode()
-    if len(value_json) <= SMALL_VALUE_CHARS:
-        return _truncate(outputs, budget, keep), value
-    text_chars = sum(len(o.text) for o in outputs if isinstance(o, TextOutput))
-    value_share = min(len(value_json), max(budget - text_chars, budget // 2))
-    outputs = _truncate(outputs, budget - value_share, keep)
-    if len(value_json) > value_share:
-        note = _cut_note(len(value_json) - value_share, _VALUE_CUT, value_json, keep)
-        head = value_share // 2
-        value = value_json[:head] + note + value_json[len(value_json) - (value_share - head) :]
-    return outputs, value
-
-
-def _truncate(outputs: list[Output], budget: int, keep: Keep) -> list[Output]:
-    """Keeps the head and the tail of the text outputs within ``budget`` characters and says
-    what was cut in between, naming where their full text is kept."""
-    texts = [o.text for o in outputs if isinstance(o, TextOutput)]
-    total = sum(len(text) for text in texts)
-    if total <= budget:
-        return outputs
-    head_left, tail_left = budget // 2, budget - budget // 2
-    kept_head: list[Output] = []
-    kept_tail: list[Output] = []
-    for output in outputs:
-        if not isinstance(output, TextOutput):
-            kept_head.append(output)
-        elif head_left > 0:
-            kept_head.append(TextOutput(output.text[:head_left]))
-            head_left -= len(kept_head[-1].text)  # type: ignore[union-attr]
-    for output in reversed(outputs):
-        if isinstance(output, TextOutput) and tail_left > 0:
-            piece = output.text[-tail_left:]
-            kept_tail.insert(0, TextOutput(piece))
-            tail_left -= len(piece)
-    note = TextOutput(_cut_note(total - budget, "output", "\n".join(texts), keep))
-    return [*kept_head, note, *kept_tail]
-
-
-def _cut_note(cut: int, what: str, full: str, keep: Keep) -> str:
-    """What a cut says: how much it left out, and how to read ``full`` (the text outputs joined
-    by newlines, or the value's JSON) back, unless it could not be kept."""
-    handle = keep(full)
-    if handle is None:
-        return f"[… {cut} characters of {what} cut by max_output_tokens …]"
-    read = f'await readOutput("{handle}", {{offset: 0, limit: {DEFAULT_READ_CHARS}}})'
-    name = "JSON" if what == _VALUE_CUT else "text"
-    return f"[… {cut} characters of {what} cut by max_output_tokens; full {name} ({len(full)} characters): {read} …]"
 
 
 _PRAGMA = re.compile(r"^\s*//\s*@(options|exec):(.*)$")
@@ -1247,13 +1115,13 @@ class CodeMode:
         return result
 
     def _shown(self, run: Run, step: Step) -> tuple[list[Output], Any]:
-        """The outputs and value a result shows: with a text budget, cut to it (`_cut`), the
+        """The outputs and value a result shows: with a text budget, cut to it (`outcomes.cut_to_budget`), the
         full texts of the cuts kept for the run's session."""
-        output = _outputs(step.outputs)
+        output = outputs_of(step.outputs)
         if run.output_chars is None:
             return output, step.value
         value = step.value if step.status == "completed" else None
-        return _cut(output, value, run.output_chars, functools.partial(self._output_store.keep, run.scope[0]))
+        return cut_to_budget(output, value, run.output_chars, functools.partial(self._output_store.keep, run.scope[0]))
 
     def _result(self, run: Run, step: Step, telemetry: Telemetry) -> Result:
         output, value = self._shown(run, step)
@@ -1288,14 +1156,7 @@ class CodeMode:
                 if self._store_cache is not None:
                     self._store_cache[run.store_key] = self._store.snapshot(*run.store_key)
             return Completed(value=value, telemetry=telemetry, output=output)
-        code_, name, message, _stack = step.failure or ("internal_error", "Error", "unknown failure", "")
-        error = message if code_ is not None else (f"{name}: {message}" if message else name)
-        # One budget: the error gets what the outputs left of maxOutputBytes (at least a line).
-        # (As JSON, like the outputs: the quotes and escapes of the text count too.)
-        budget = run.journal.limits.max_output_bytes
-        left = budget - len(msgspec.json.encode(output)) if output else budget
-        escapes = len(msgspec.json.encode(error)) - utf8_len(error)
-        error = bounded_bytes(error, max(left - escapes, min(budget, MIN_ERROR_BYTES)))
+        error, code_ = failure_text(step.failure, output, run.journal.limits.max_output_bytes)
         return Failed(error=error, code=code_, telemetry=telemetry, output=output)
 
     def _retire(self, run: Run) -> None:
@@ -1463,13 +1324,13 @@ class Session:
 
     def exec(self, args: dict[str, Any]) -> ExecResult:
         """Runs one cell; returns the spec's JSON result (``completed``, ``waiting``, ``failed``)."""
-        return _json(self.codemode._exec(self, args, self.codemode._loop.get))
+        return as_json(self.codemode._exec(self, args, self.codemode._loop.get))
 
     def wait(self, args: dict[str, Any]) -> ExecResult:
         """Resumes a ``waiting`` run (``{"runId": ...}``); the same result union as ``exec``.
         ``{"runId": ..., "answer": v}`` answers a run waiting on ``yield_control``: its ``await
         yield_control(...)`` resolves to ``v`` (any JSON value; none, or null, is undefined)."""
-        return _json(self.codemode._wait(self, args))
+        return as_json(self.codemode._wait(self, args))
 
     def run(
         self,
@@ -1579,10 +1440,10 @@ class Session:
         2**63 - 1) makes the run reproducible: it fixes the cell's ``Math.random`` sequence and its
         clock (``Date`` starts at a time the seed gives and moves 1 ms a read, whatever the real
         time: `runs.fixed_clock_start`); by default each run draws its own and reads the real clock."""
-        return _json(await self.codemode._exec_async(self, args, seed=seed))
+        return as_json(await self.codemode._exec_async(self, args, seed=seed))
 
     async def wait_async(self, args: dict[str, Any]) -> ExecResult:
-        return _json(await self.codemode._wait_async(self, args))
+        return as_json(await self.codemode._wait_async(self, args))
 
     async def run_async(
         self,
