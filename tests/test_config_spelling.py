@@ -8,8 +8,8 @@ import time
 import msgspec
 import pytest
 from codemode import CodeModeConfig, ConfigError, load_config
+from codemode.cells import CellOptions
 from codemode.config import either_spelling
-from codemode.session import CellOptions
 
 
 def test_every_config_key_is_accepted_camel_and_snake_case():

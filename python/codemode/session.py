@@ -28,7 +28,8 @@ from . import _engine, catalog, semantic, tracing
 from ._engine import Catalog
 from .approvals import ApprovalRequest, Approvals, call_number
 from .catalog import quick_index
-from .config import BOUNDS, CodeModeConfig, either_spelling, load_config
+from .cells import CellArgs, answer_json, check_cell, check_seed, journal_problem
+from .config import BOUNDS, CodeModeConfig, load_config
 from .errors import (
     ApprovalError,
     ClosedError,
@@ -56,7 +57,7 @@ from .outcomes import (
 )
 from .outputs import OutputStore
 from .policy import Approver, Hook, Policy, ToolCallEvent, Trace, TraceEvent
-from .protocol import Configure, EngineLimits, utf8_len
+from .protocol import Configure, EngineLimits
 from .results import ExecResult
 from .runs import (
     FOREIGN,
@@ -68,7 +69,6 @@ from .runs import (
     Scope,
     Step,
     fixed_clock_start,
-    journal_size,
     new_run_id,
 )
 from .store import Store, open_store
@@ -83,7 +83,6 @@ from .surfaces import (
     provider_schema,
 )
 from .tools import (
-    MAX_BRIDGE_BYTES,
     MCP_TOOL,
     BackgroundLoop,
     Blocked,
@@ -110,9 +109,6 @@ _log = logging.getLogger(__name__)
 MODEL_VISIBLE_TOOLS = ("exec", "wait")
 #: Catalog schemas the `directory` surface exposes directly for a `likely` request.
 LIKELY_SCHEMAS = 3
-#: The longest cell source accepted, in characters: a model writes cells of a few KB; a bigger
-#: one is refused before it reaches a worker (and is one frame, under its cap, if it does).
-MAX_SOURCE_CHARS = 1 << 20
 #: Characters of the reason a host gives when it rejects a call (it reaches the guest).
 MAX_REASON_CHARS = 1000
 #: The lower bound of a `tool_search_code` cell's timeout (seed 001).
@@ -138,97 +134,6 @@ everything goes through these. Return one compact JSON value. If the result says
 with its runId. An arrow `-> ?` means the output shape is unknown: return the raw value first instead of \
 guessing field names.
 Catalog (id input -> output):"""
-
-
-_PRAGMA = re.compile(r"^\s*//\s*@(options|exec):(.*)$")
-
-
-class CellOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """The first-line pragma ``// @options: {...}`` (or ``// @exec: {...}``); each key may be
-    written camelCase too (``timeoutMs``), as the config spells it (`either_spelling`)."""
-
-    timeout_ms: int | None = None
-    max_output_tokens: int | None = None
-
-
-def _cell_options(code: str) -> CellOptions | str:
-    """The pragma of ``code``'s first line, or an error message; no pragma gives defaults."""
-    first = code.split("\n", 1)[0]
-    match = _PRAGMA.match(first)
-    if match is None:
-        return CellOptions()
-    try:
-        given = msgspec.json.decode(match.group(2))
-        if isinstance(given, dict):
-            given = either_spelling(given, CellOptions)
-        options = msgspec.convert(given, CellOptions)
-    except (msgspec.DecodeError, ConfigError) as e:
-        return f"invalid // @{match.group(1)} pragma: {e}"
-    except RecursionError:
-        return f"invalid // @{match.group(1)} pragma: nested too deeply"
-    if options.timeout_ms is not None and not 0 < options.timeout_ms <= 2_147_483_647:
-        return "// @options timeout_ms must be a positive integer"
-    if options.max_output_tokens is not None and options.max_output_tokens < 0:
-        return "// @options max_output_tokens must be a non-negative integer"
-    return options
-
-
-def _journal_problem(journal: Journal, config: CodeModeConfig) -> str | None:
-    """What is wrong with an imported journal, as this ``CodeMode`` would see the same run made
-    here (its limits, its languages), or None."""
-    if journal.language not in config.languages:
-        return f"language {journal.language!r} is not enabled here"
-    if len(journal.source) > MAX_SOURCE_CHARS:
-        return f"its source is {len(journal.source)} characters; the limit is {MAX_SOURCE_CHARS}"
-    if len(journal.run_json) > MAX_SOURCE_CHARS * 4:
-        return "its run setup is too large"
-    size = journal_size(journal)
-    if size > config.max_journal_bytes:
-        return f"it holds {size} bytes of results; maxJournalBytes is {config.max_journal_bytes}"
-    if journal.approvals:
-        return "it holds approvals, which no restartSafe run can wait for"
-    made = {call.id for call in journal.calls}
-    if len(made) != len(journal.calls) or not journal.settled_ids() <= made or not set(journal.open_inputs) <= made:
-        return "its calls and results do not match"
-    return None
-
-
-def _answer_json(answer: Any) -> str:
-    """A `wait`'s ``answer`` as the JSON its run's ``yield_control`` calls resolve to (``null``,
-    as when none is given, resolves to undefined), capped as a tool result is; a ValueError
-    says why it cannot be one."""
-    try:
-        text = msgspec.json.encode(answer).decode()
-    except (TypeError, ValueError, OverflowError, RecursionError) as e:
-        raise ValueError(f"wait `answer` must be a JSON value: {type(e).__name__}: {e}"[:500]) from None
-    size = utf8_len(text)
-    if size > MAX_BRIDGE_BYTES:
-        raise ValueError(
-            f"wait `answer` is {size} bytes of JSON; the limit is {MAX_BRIDGE_BYTES}, as for a tool result"
-        )
-    return text
-
-
-def _check_seed(seed: int | None) -> None:
-    """A run's seed is a journal field and the engine's u64: a caller's must fit both."""
-    if seed is not None and not (isinstance(seed, int) and 0 <= seed < 1 << 63):
-        raise ValueError(f"seed must be an int from 0 to 2**63 - 1, got {seed!r}")
-
-
-def _lone_surrogate(code: str) -> str | None:
-    """Why ``code`` cannot reach a worker, if it holds a lone surrogate (a Python string may,
-    UTF-8 may not: no frame could carry it); None otherwise."""
-    if code.isascii():
-        return None
-    try:
-        code.encode("utf-8")
-    except UnicodeEncodeError as e:
-        point = ord(code[e.start])
-        return (
-            f"exec `code` holds a lone surrogate (U+{point:04X} at character {e.start}), which UTF-8 "
-            f"cannot carry; write it as an escape (\\u{point:04x}) in a string literal."
-        )
-    return None
 
 
 async def _awaited(value: Awaitable[Any]) -> Any:
@@ -820,39 +725,9 @@ class CodeMode:
     def _invalid(self, started: float, message: str) -> Failed:
         return Failed(error=message, code="invalid_input", telemetry=self._telemetry(started, None))
 
-    def _check_args(self, started: float, args: Any) -> tuple[str, str, bool, CellOptions] | Failed:
-        if not isinstance(args, dict):
-            return self._invalid(started, "exec input must be an object with a `code` string.")
-        code = args.get("code")
-        command = args.get("command")
-        if code is None:
-            code = command
-        elif command is not None and command != code:
-            return self._invalid(started, "exec `code` and `command` must match when both are given.")
-        if not isinstance(code, str) or not code.strip():
-            return self._invalid(started, "exec requires a non-empty `code` string.")
-        if len(code) > MAX_SOURCE_CHARS:
-            return self._invalid(started, f"exec `code` is {len(code)} characters; the limit is {MAX_SOURCE_CHARS}.")
-        surrogate = _lone_surrogate(code)
-        if surrogate is not None:
-            return self._invalid(started, surrogate)
-        # `null` is how a strict-mode provider leaves an optional field out (`surfaces.EXEC_SCHEMA`).
-        language = args.get("language")
-        if language is None:
-            language = "javascript"
-        if language not in ("javascript", "typescript"):
-            return self._invalid(started, 'exec `language` must be "javascript" or "typescript".')
-        if language not in self.config.languages:
-            return self._invalid(started, f"code mode language {language} is disabled.")
-        restart_safe = args.get("restartSafe")
-        if restart_safe is None:
-            restart_safe = False
-        if not isinstance(restart_safe, bool):
-            return self._invalid(started, "exec `restartSafe` must be a boolean.")
-        options = _cell_options(code)
-        if isinstance(options, str):
-            return self._invalid(started, options)
-        return code, language, restart_safe, options
+    def _check_args(self, started: float, args: Any) -> CellArgs | Failed:
+        checked = check_cell(args, self.config.languages)
+        return self._invalid(started, checked) if isinstance(checked, str) else checked
 
     @tracing.traced("exec")
     def _exec(
@@ -871,7 +746,7 @@ class CodeMode:
         if outer_hook and self._gate.hook is not None:
             # The model's `exec` call itself, as the spec's hook event for it (it may block or
             # rewrite the cell, e.g. through the `command` alias).
-            decision = self._gate.hook(self._exec_event(session, args, checked[1]))
+            decision = self._gate.hook(self._exec_event(session, args, checked.language))
             if inspect.isawaitable(decision):
                 decision = asyncio.run_coroutine_threadsafe(_awaited(decision), loop()).result()
             checked = self._hooked(started, args, decision, checked)
@@ -894,13 +769,13 @@ class CodeMode:
     ) -> Result:
         """`_exec` as a coroutine on the caller's loop (its async tools, and an async hook, run
         there too)."""
-        _check_seed(seed)
+        check_seed(seed)
         started = time.perf_counter()
         checked = self._admit(started, args)
         if isinstance(checked, Failed):
             return checked
         if outer_hook and self._gate.hook is not None:
-            decision = self._gate.hook(self._exec_event(session, args, checked[1]))
+            decision = self._gate.hook(self._exec_event(session, args, checked.language))
             if inspect.isawaitable(decision):
                 decision = await decision
             checked = self._hooked(started, args, decision, checked)
@@ -945,7 +820,7 @@ class CodeMode:
         message = f"code mode failed in the host: {type(error).__name__}"
         return Failed(error=message, code="internal_error", telemetry=self._telemetry(started, None))
 
-    def _admit(self, started: float, args: Any) -> tuple[str, str, bool, CellOptions] | Failed:
+    def _admit(self, started: float, args: Any) -> CellArgs | Failed:
         if self._closed:
             raise ClosedError("this CodeMode is closed")
         self._sweep()
@@ -964,9 +839,7 @@ class CodeMode:
             tool_input_kind=language,
         )
 
-    def _hooked(
-        self, started: float, args: Any, decision: Any, checked: tuple[str, str, bool, CellOptions]
-    ) -> tuple[str, str, bool, CellOptions] | Failed:
+    def _hooked(self, started: float, args: Any, decision: Any, checked: CellArgs) -> CellArgs | Failed:
         try:
             rewritten = apply_hook(decision, args)
         except Blocked as e:
@@ -976,7 +849,7 @@ class CodeMode:
     def _new_run(
         self,
         session: Session,
-        checked: tuple[str, str, bool, CellOptions],
+        checked: CellArgs,
         loop: Callable[[], asyncio.AbstractEventLoop],
         min_timeout_ms: int,
         seed: int | None = None,
@@ -1069,7 +942,7 @@ class CodeMode:
         if not isinstance(run_id, str) or not run_id:
             return self._invalid(started, "wait requires a `runId` string.")
         try:
-            answer = _answer_json(args.get("answer"))
+            answer = answer_json(args.get("answer"))
         except ValueError as e:
             return self._invalid(started, str(e))
         try:
@@ -1265,7 +1138,7 @@ class CodeMode:
         configure, view = self._configuration()
         if view.fingerprint != journal.catalog_fingerprint:
             raise CodemodeError("this journal was written against a different tool catalog")
-        problem = _journal_problem(journal, self.config)
+        problem = journal_problem(journal, self.config)
         if problem is not None:
             raise CodemodeError(f"refused journal: {problem}")
         journal.limits = configure.limits
