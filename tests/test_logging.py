@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from codemode import mcp_listing
 from codemode import session as session_module
 
 PACKAGE = Path(session_module.__file__).parent
@@ -31,11 +32,11 @@ def test_every_module_logs_through_a_logger_named_after_it():
 
 
 def mcp_warnings(caplog: pytest.LogCaptureFixture, level: int = logging.WARNING) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "codemode.session" and r.levelno == level]
+    return [r.getMessage() for r in caplog.records if r.name == "codemode.mcp_listing" and r.levelno == level]
 
 
 def test_an_mcp_server_that_cannot_start_is_logged_once_naming_it(make_codemode, caplog, monkeypatch, tmp_path: Path):
-    monkeypatch.setattr(session_module, "MCP_RETRY_S", 0.0)  # every listing retries a failed server
+    monkeypatch.setattr(mcp_listing, "MCP_RETRY_S", 0.0)  # every listing retries a failed server
     late = tmp_path / "late-server"  # not there yet
     servers = {
         "gone": {"command": "/nonexistent/mcp-server"},
@@ -43,7 +44,7 @@ def test_an_mcp_server_that_cannot_start_is_logged_once_naming_it(make_codemode,
         "late": {"command": str(late)},
     }
     cm = make_codemode({"workers": 1, "mcpServers": servers})
-    with caplog.at_level(logging.DEBUG, logger="codemode.session"):
+    with caplog.at_level(logging.DEBUG, logger="codemode.mcp_listing"):
         assert cm.session().exec({"code": "return 1"})["value"] == 1  # an exec lists them
         warned = mcp_warnings(caplog)
         assert sorted(m.split(" is unavailable: ")[0] for m in warned) == [

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import functools
 import inspect
 import itertools
@@ -37,9 +36,8 @@ from .errors import (
     ConfigError,
     StoreError,
     StoreLimitError,
-    ToolDefinitionError,
 )
-from .extras import explained
+from .mcp_listing import McpListing
 from .namespaces import NamespaceRegistration, Namespaces
 from .outcomes import (
     Completed,
@@ -99,7 +97,6 @@ if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
     from .batch import Cell, CellResult
-    from .mcp import McpServers
 
 __all__ = ["CodeMode", "Completed", "Failed", "JsonOutput", "Result", "Session", "Telemetry", "TextOutput", "Waiting"]
 
@@ -113,15 +110,6 @@ LIKELY_SCHEMAS = 3
 MAX_REASON_CHARS = 1000
 #: The lower bound of a `tool_search_code` cell's timeout (seed 001).
 TOOL_SEARCH_CODE_MIN_TIMEOUT_MS = 1000
-#: How long an unreachable MCP server is left alone before an exec lists it again (in the
-#: background: a retry never holds an exec up).
-MCP_RETRY_S = 10.0
-#: How long an exec waits for servers listed for the first time (set-up, not the cell's time);
-#: one that takes longer is unavailable, saying so, until its listing lands.
-MCP_START_WAIT_S = 10.0
-#: What ``load_mcp_tools`` reports for a server whose config entry says ``"disabled": true``.
-MCP_DISABLED = 'disabled in its config ("disabled": true); not started'
-
 EXEC_PREAMBLE = """Run a JavaScript or TypeScript cell (an async function body: top-level await and return) \
 against the hidden tool catalog. In the cell: `await tools.search(query, {limit})` -> compact entries; \
 `await tools.describe(id)` -> full schemas; `await tools.callValue(id, input)` -> the tool's value (an exact \
@@ -144,35 +132,6 @@ def _provider_name(name: str) -> str:
     """Tool names providers accept: ``[A-Za-z0-9_-]{1,64}``."""
     cleaned = re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64]
     return cleaned or "tool"
-
-
-def _still_starting(server: str) -> str:
-    return f"MCP server {server!r} is still starting"
-
-
-#: The state of a server no listing has finished for (`_log_mcp_listing`).
-_NEVER_LISTED = object()
-
-
-def _log_mcp_listing(server: str, before: object, reason: str | None) -> None:
-    """Logs a finished listing when it changes what the server is: unusable (WARNING, saying
-    why; the cell sees the same reason) or usable (INFO, after a failure or a slow start). A
-    retry that fails as the last one did logs at DEBUG: execs retry every ``MCP_RETRY_S``."""
-    if reason is None:
-        if before is not None and before is not _NEVER_LISTED:
-            _log.info("MCP server %r is available", server)
-    elif reason == before:
-        _log.debug("%s (again)", reason)
-    else:
-        _log.warning("%s", reason)
-
-
-def _mcp_caller(mcp: McpServers, server: str, tool: str) -> Callable[..., Awaitable[Any]]:
-    # Runs on the MCP client's own loop (the tool's `loop`): no hop through the tools' loop.
-    async def call(**arguments: Any) -> Any:
-        return await mcp.call_tool_here(server, tool, arguments)
-
-    return call
 
 
 class CodeMode:
@@ -203,15 +162,8 @@ class CodeMode:
         tracer_provider: TracerProvider | None = None,
     ) -> None:
         self.config = load_config(config)
-        self._mcp: McpServers | None = None
-        #: MCP servers whose tools are in the registry (or that failed to list: name -> error).
-        self._mcp_loaded: dict[str, str | None] = {}
-        self._mcp_failed_at: dict[str, float] = {}
-        #: Listings in flight (on the MCP loop), by server.
-        self._mcp_listing: dict[str, concurrent.futures.Future[None]] = {}
-        #: Servers that said their listings changed since they were last listed.
-        self._mcp_changed: set[str] = set()
-        self._mcp_lock = threading.Lock()
+        self._registry = ToolRegistry()
+        self._mcp = McpListing(self._registry)
         # Before anything starts (worker processes, threads): a malformed entry then fails this
         # constructor with nothing left running.
         for name, server in self.config.mcp_servers.items():
@@ -221,7 +173,6 @@ class CodeMode:
         #: A private in-memory store has no other writer: its snapshots are served from here
         #: (a query per exec costs ~15 µs); a shared file or server is always asked.
         self._store_cache: dict[tuple[str, str], dict[str, str]] | None = {} if store is None else None
-        self._registry = ToolRegistry()
         self._namespaces = Namespaces()
         self._policy = Policy.of(allow, deny, require_approval)
         self._trace = Trace()
@@ -258,17 +209,7 @@ class CodeMode:
         clients write them; see ``codemode.mcp.parse_server_config``); its tools join the catalog
         on the next exec (or ``load_mcp_tools()``), unless the entry says ``"disabled": true``.
         Without the ``mcp`` extra, an ``ImportError`` that says to install it."""
-        try:
-            from .mcp import McpServers
-        except ImportError as e:
-            raise explained(e) from e
-
-        with self._mcp_lock:
-            if self._mcp is None:
-                self._mcp = McpServers()
-                self._mcp.on_list_changed(self._mcp_list_changed)
-            self._mcp.add(name, config)
-            self._mcp_loaded.pop(name, None)
+        self._mcp.add_server(name, config)
 
     def load_mcp_tools(self) -> dict[str, str | None]:
         """Lists the MCP servers not listed yet (and those that failed over ``MCP_RETRY_S`` ago),
@@ -278,133 +219,7 @@ class CodeMode:
         call runs there): it would wait for work queued behind itself."""
         if self._closed:
             raise ClosedError("this CodeMode is closed")
-        self._list_mcp(None)
-        mcp = self._mcp
-        if mcp is None:
-            return {}
-        with self._mcp_lock:
-            return self._mcp_loaded | dict.fromkeys(mcp.disabled_names(), MCP_DISABLED)
-
-    def _mcp_list_changed(self, server: str) -> None:
-        """On the MCP loop: the server said a listing changed; the next exec lists it again (in
-        the background: that exec still sees the listing before)."""
-        with self._mcp_lock:
-            self._mcp_changed.add(server)
-
-    def _mcp_stale(self, server: str, now: float) -> bool:
-        """Never listed, changed since, or failed long enough ago to try again (and not being
-        listed now)."""
-        if server in self._mcp_listing:
-            return False
-        if server not in self._mcp_loaded or server in self._mcp_changed:
-            return True
-        return self._mcp_loaded[server] is not None and now - self._mcp_failed_at.get(server, now) >= MCP_RETRY_S
-
-    def _list_mcp(self, wait_s: float | None) -> None:
-        """Starts listing each stale server on the MCP loop (one listing per server at a time),
-        then waits: for every listing (``wait_s`` None), or up to ``wait_s`` for the servers
-        listed for the first time. So a server that is slow to start, or never answers, costs an
-        ``exec`` at most ``wait_s`` once; until its listing lands it is unavailable, saying so,
-        and retries never hold an ``exec`` up."""
-        waited = self._start_listings(wait_s)
-        if waited:
-            concurrent.futures.wait(waited.values(), timeout=wait_s)
-            self._listed(waited)
-
-    def _start_listings(self, wait_s: float | None) -> dict[str, concurrent.futures.Future[None]]:
-        """Starts the listings `_list_mcp` describes; returns those to wait for."""
-        mcp = self._mcp
-        if mcp is None:
-            return {}
-        here = mcp.on_loop_thread()  # (an async hook of an MCP call): start them, never wait
-        if here and wait_s is None:
-            raise RuntimeError("load_mcp_tools() cannot run on the MCP loop's thread; the listings queue behind it")
-        loop = mcp.event_loop()  # (started here, not under the lock its listings take)
-        waited: dict[str, concurrent.futures.Future[None]] = {}
-        with self._mcp_lock:
-            now = time.monotonic()
-            for server in mcp.names():
-                if self._mcp_stale(server, now):
-                    first = server not in self._mcp_loaded
-                    self._mcp_changed.discard(server)  # (a change from now on lists it again)
-                    if first:
-                        self._registry.set_mcp_server(server, None, _still_starting(server))
-                    listing = asyncio.run_coroutine_threadsafe(self._list_server(mcp, server), loop)
-                    self._mcp_listing[server] = listing
-                    if first or wait_s is None:
-                        waited[server] = listing
-                elif wait_s is None and server in self._mcp_listing:
-                    waited[server] = self._mcp_listing[server]
-        return {} if here else waited
-
-    async def _list_mcp_async(self, wait_s: float) -> None:
-        """`_list_mcp` for a coroutine: the listings are awaited, not waited for."""
-        waited = self._start_listings(wait_s)
-        if waited:
-            await asyncio.wait([asyncio.wrap_future(f) for f in waited.values()], timeout=wait_s)
-            self._listed(waited)
-
-    def _listed(self, waited: dict[str, concurrent.futures.Future[None]]) -> None:
-        with self._mcp_lock:
-            for server, listing in waited.items():
-                if not listing.done() and server not in self._mcp_loaded:
-                    # Not waited for again: later execs go on without it until it lands.
-                    self._mcp_loaded[server] = _still_starting(server)
-
-    async def _list_server(self, mcp: McpServers, server: str) -> None:
-        """On the MCP loop: lists one server and registers its tools, all at once (before the
-        listing's future completes, so whoever waits for it finds them)."""
-        reason: str | None = None
-        tools: list[Tool] = []
-        try:
-            listed = await mcp.alist_tools(server)
-        except CodemodeError as e:
-            reason = str(e)
-        else:
-            for info in listed:
-                try:
-                    tools.append(
-                        define_tool(
-                            _mcp_caller(mcp, server, info.name),
-                            name=info.name,
-                            owner=server,
-                            source="mcp",
-                            description=info.description,
-                            label=info.title,
-                            input_schema=info.input_schema,
-                            output_schema=info.output_schema,
-                            loop=mcp.event_loop,
-                        )
-                    )
-                except ToolDefinitionError as e:
-                    # One unusable name (empty, over 128 characters, control characters) costs
-                    # that tool, not the server.
-                    _log.warning("MCP server %r: tool left out: %s", server, e)
-        with self._mcp_lock:
-            self._mcp_listing.pop(server, None)
-            if reason is None:
-                self._registry.set_mcp_server(server, tools)
-                self._mcp_failed_at.pop(server, None)
-            else:
-                self._registry.set_mcp_server(server, None, reason)
-                self._mcp_failed_at[server] = time.monotonic()
-            before = self._mcp_loaded.get(server, _NEVER_LISTED)
-            self._mcp_loaded[server] = reason
-        _log_mcp_listing(server, before, reason)
-
-    def _mcp_wanted(self) -> bool:
-        """Some server is to be listed (an exec starts it: never listed, or its retry is due)."""
-        mcp = self._mcp
-        if mcp is None:
-            return False
-        now = time.monotonic()
-        return any(self._mcp_stale(server, now) for server in mcp.names())
-
-    async def _mcp_op(self, server: str, op: str, payload: Any) -> Any:
-        mcp = self._mcp
-        if mcp is None:
-            raise CodemodeError("no MCP servers are configured")
-        return await mcp.arun_op(server, op, payload)
+        return self._mcp.load_all()
 
     # ---- tools ---------------------------------------------------------------------------------
     @overload
@@ -607,7 +422,7 @@ class CodeMode:
         if registry_tool is not None and registry_tool.direct_only and registry_tool.name in view.direct:
             view = msgspec.structs.replace(view, tools={**view.tools, tool_id: registry_tool})
         dispatcher = Dispatcher(
-            view, self._loop.get, session_id=session.session_id, gate=self._gate, mcp_ops=self._mcp_op
+            view, self._loop.get, session_id=session.session_id, gate=self._gate, mcp_ops=self._mcp.op
         )
         dispatcher.parent = f"call_{next(self._call_ids)}"
         tool = view.tools.get(tool_id)
@@ -680,8 +495,7 @@ class CodeMode:
             return
         self._closed = True
         self._sweep_stop.set()
-        if self._mcp is not None:
-            self._mcp.close()
+        self._mcp.close()
         for run in self._runs.drain():
             run.dispatcher.close()
         self._live.clear()
@@ -752,8 +566,8 @@ class CodeMode:
             checked = self._hooked(started, args, decision, checked)
             if isinstance(checked, Failed):
                 return checked
-        if self._mcp is not None and self._mcp_wanted():
-            self._list_mcp(MCP_START_WAIT_S)
+        if self._mcp.servers is not None:
+            self._mcp.refresh()
         run, configure = self._new_run(session, checked, loop, min_timeout_ms)
         return self._driven(run, started, "exec", lambda: self._supervisor.start(run, configure, run.timeout_ms))
 
@@ -781,8 +595,8 @@ class CodeMode:
             checked = self._hooked(started, args, decision, checked)
             if isinstance(checked, Failed):
                 return checked
-        if self._mcp is not None and self._mcp_wanted():
-            await self._list_mcp_async(MCP_START_WAIT_S)
+        if self._mcp.servers is not None:
+            await self._mcp.refresh_async()
         loop = asyncio.get_running_loop()
         run, configure = self._new_run(session, checked, lambda: loop, min_timeout_ms, seed)
         return await self._driven_async(
@@ -895,7 +709,7 @@ class CodeMode:
             gate=self._gate,
             read_only=restart_safe,
             namespace_calls=namespace_calls,
-            mcp_ops=self._mcp_op if self._mcp is not None else None,
+            mcp_ops=self._mcp.op if self._mcp.servers is not None else None,
             approvals=Approvals(journal.approvals),
             run_id=run_id,
             agent_run=session.agent_run,
