@@ -8,14 +8,12 @@ returns the same thing as a typed struct; both have ``async`` twins. A guest fai
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import inspect
 import itertools
 import logging
 import os
 import random
-import re
 import threading
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
@@ -24,20 +22,18 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 import msgspec
 
 from . import _engine, catalog, semantic, tracing
-from ._engine import Catalog
 from .approvals import ApprovalRequest, Approvals, call_number
-from .catalog import quick_index
 from .cells import CellArgs, answer_json, check_cell, check_seed, journal_problem
 from .config import BOUNDS, CodeModeConfig, load_config
 from .errors import (
     ApprovalError,
     ClosedError,
     CodemodeError,
-    ConfigError,
     StoreError,
     StoreLimitError,
 )
 from .mcp_listing import McpListing
+from .model_surface import MODEL_VISIBLE_TOOLS, ModelSurface
 from .namespaces import NamespaceRegistration, Namespaces
 from .outcomes import (
     Completed,
@@ -72,16 +68,10 @@ from .runs import (
 from .store import Store, open_store
 from .supervisor import Supervisor
 from .surfaces import (
-    SURFACES,
     ModelTool,
     Surface,
-    control_tools,
-    directory_listing,
-    payload_bytes,
-    provider_schema,
 )
 from .tools import (
-    MCP_TOOL,
     BackgroundLoop,
     Blocked,
     CatalogView,
@@ -103,35 +93,14 @@ __all__ = ["CodeMode", "Completed", "Failed", "JsonOutput", "Result", "Session",
 F = TypeVar("F", bound=Callable[..., Any])
 _log = logging.getLogger(__name__)
 
-MODEL_VISIBLE_TOOLS = ("exec", "wait")
-#: Catalog schemas the `directory` surface exposes directly for a `likely` request.
-LIKELY_SCHEMAS = 3
 #: Characters of the reason a host gives when it rejects a call (it reaches the guest).
 MAX_REASON_CHARS = 1000
 #: The lower bound of a `tool_search_code` cell's timeout (seed 001).
 TOOL_SEARCH_CODE_MIN_TIMEOUT_MS = 1000
-EXEC_PREAMBLE = """Run a JavaScript or TypeScript cell (an async function body: top-level await and return) \
-against the hidden tool catalog. In the cell: `await tools.search(query, {limit})` -> compact entries; \
-`await tools.describe(id)` -> full schemas; `await tools.callValue(id, input)` -> the tool's value (an exact \
-id, or an unambiguous tool name); `tools.<name>(input)` for unambiguous names; `ALL_TOOLS`; `text(v)`, \
-`json(v)`, `console.log` for output; `await yield_control(reason)` to hand control back (it resolves to \
-the `answer` the next `wait` gives). MCP tools are \
-`await MCP.<server>.<tool>({...})`: read their declarations with `await API.list("mcp")` and \
-`await API.read("mcp/<server>.d.ts")`. There is no `import`, `require`, file system, network or timer: \
-everything goes through these. Return one compact JSON value. If the result says `waiting`, call `wait` \
-with its runId. An arrow `-> ?` means the output shape is unknown: return the raw value first instead of \
-guessing field names.
-Catalog (id input -> output):"""
 
 
 async def _awaited(value: Awaitable[Any]) -> Any:
     return await value
-
-
-def _provider_name(name: str) -> str:
-    """Tool names providers accept: ``[A-Za-z0-9_-]{1,64}``."""
-    cleaned = re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64]
-    return cleaned or "tool"
 
 
 class CodeMode:
@@ -197,12 +166,23 @@ class CodeMode:
         self._live: dict[str, Run] = {}
         self._sweeper: threading.Thread | None = None
         self._sweep_stop = threading.Event()
-        self._host_catalog: tuple[str, Catalog] | None = None
         #: Full texts of cut outputs, per session, in memory only (`codemode.outputs`).
         self._output_store = OutputStore(
             self.config.output_store_bytes, self.config.output_store_total_bytes, self.config.output_store_ttl_seconds
         )
 
+        #: What the model is given, and the host side of the structured surfaces' calls
+        #: (`codemode.model_surface`); sessions answer those calls through it.
+        self.model_surface = ModelSurface(
+            self.config,
+            self._registry,
+            self.catalog,
+            self._namespaces,
+            self._loop,
+            self._gate,
+            self._mcp,
+            self._call_ids,
+        )
     # ---- MCP -----------------------------------------------------------------------------------
     def add_mcp_server(self, name: str, config: Mapping[str, Any]) -> None:
         """Adds an MCP server (``{"command", "args", "env"}`` or ``{"url", "headers"}``, as MCP
@@ -294,23 +274,7 @@ class CodeMode:
         """The model-facing ``exec`` description: how to use the guest API, then a bounded quick
         index of exact ids with compact input/output hints (never descriptions: catalog text is
         untrusted and stays lazy)."""
-        view = self.catalog()
-        entries = [t.entry() for t in view.tools.values()]
-        text = EXEC_PREAMBLE + "\n" + quick_index(entries, max_chars=max_index_chars)
-        if view.mcp_servers:
-            # The spec: the model learns of the MCP API from this description and reads only
-            # the declarations it needs (MCP tools are not in the index, search or ALL_TOOLS).
-            counts = collections.Counter(t.owner for t in view.tools.values() if t.source == "mcp")
-            servers = ", ".join(f"MCP.{ident} ({counts[server]})" for server, ident in view.mcp_servers.items())
-            text += (
-                f"\nMCP servers (tools): {servers}. Call `await MCP.<server>.<tool>({{...}})`; read the "
-                "declarations first: `await API.read('mcp/index.d.ts')`, `await API.read('mcp/<server>.d.ts')` "
-                "or `await MCP.<server>.$api(toolName)`."
-            )
-        prompts = self._namespaces.prompts(view.tools)
-        if prompts:
-            text += "\nNamespaces (globals in the cell):\n" + "\n".join(prompts)
-        return text
+        return self.model_surface.exec_description(max_index_chars=max_index_chars)
 
     # ---- model-facing surfaces ---------------------------------------------------------------------
     def model_tools(
@@ -323,127 +287,16 @@ class CodeMode:
         ``directory`` surface, ``likely`` (e.g. the user's message) picks a few catalog tools
         whose full schemas are exposed directly, as the tool-search spec describes.
         """
-        if surface not in SURFACES:
-            raise ConfigError(f"unknown surface {surface!r}; one of {', '.join(SURFACES)}")
-        if disable_tools:
-            return []
-        view = self.catalog()
-        direct_only = [
-            ModelTool(t.name, t.description, provider_schema(t.input_schema or {"type": "object"}))
-            for t in self._registry.all()
-            if t.direct_only and t.name in view.direct
-        ]
-        if not self.config.enabled or not view.tools or surface == "direct":
-            return [*self._direct_tools(view).values(), *direct_only]
-        directory = ""
-        likely_tools: list[ModelTool] = []
-        if surface == "directory":
-            directory = directory_listing([(t.id, t.description) for t in view.tools.values()])
-            names = {tool_id: name for name, tool_id in self._direct_names(view).items()}
-            # The tool-search spec: client-provided tools stay directly visible in this mode,
-            # and a few likely catalog schemas may join them.
-            shown = [tool_id for tool_id, tool in view.tools.items() if tool.source == "client"]
-            if likely:
-                hits = msgspec.json.decode(self._search_catalog().search(likely, LIKELY_SCHEMAS))
-                shown += [h["id"] for h in hits if h["id"] in names and h["id"] not in shown]
-            likely_tools = [
-                ModelTool(
-                    names[tool_id],
-                    view.tools[tool_id].description,
-                    provider_schema(view.tools[tool_id].input_schema or {}),
-                )
-                for tool_id in shown
-                if tool_id in names
-            ]
-        return [*control_tools(surface, self.exec_description(), directory), *likely_tools, *direct_only]
+        return self.model_surface.model_tools(surface, disable_tools=disable_tools, likely=likely)
 
     def payload_telemetry(self) -> dict[str, int]:
         """Serialized bytes of the tool definitions each surface sends the model."""
-        return {surface: payload_bytes(self.model_tools(surface)) for surface in SURFACES}
-
-    def _direct_names(self, view: CatalogView) -> dict[str, str]:
-        """Provider-safe unique names for the catalog tools: name -> catalog id."""
-        out: dict[str, str] = {}
-        for tool in view.tools.values():
-            name = _provider_name(tool.name)
-            if name in out:
-                name = _provider_name(f"{tool.owner}__{tool.name}")
-            out[name] = tool.id
-        return out
-
-    def _direct_tools(self, view: CatalogView) -> dict[str, ModelTool]:
-        """Every catalog tool as its own definition, under its provider-safe name."""
-        return {
-            name: ModelTool(
-                name,
-                view.tools[tool_id].description,
-                provider_schema(view.tools[tool_id].input_schema or {"type": "object"}),
-            )
-            for name, tool_id in self._direct_names(view).items()
-        }
-
-    def _direct_target(self, name: str) -> str | None:
-        """The catalog id behind a direct-surface tool name (or a direct-only tool)."""
-        view = self.catalog()
-        for tool in self._registry.all():
-            if tool.direct_only and tool.name == name and name in view.direct:
-                return tool.id
-        return self._direct_names(view).get(name)
-
-    def _search_catalog(self) -> Catalog:
-        """The run catalog for the structured tool-search surface (MCP tools included, by id)."""
-        view = self.catalog()
-        cached = self._host_catalog
-        if cached is None or cached[0] != view.fingerprint:
-            cached = self._host_catalog = (
-                view.fingerprint,
-                Catalog(view.catalog_json, include_mcp=True, semantic=semantic.model()),
-            )
-        return cached[1]
-
-    def _tool_call_refusal(self, tool_id: str) -> str | None:
-        """Why the tool-search surface's ``tool_call`` does not run ``tool_id``, or None: a
-        direct-only tool is one of the model's own tools, to call directly; any other id it
-        cannot see is unknown (hidden and absent alike), to look up with ``tool_search``."""
-        view = self.catalog()
-        if tool_id in view.tools:
-            return None
-        shown = catalog.bounded_text(tool_id, 200)
-        for tool in self._registry.all():
-            if tool.direct_only and tool.name in view.direct and tool_id in (tool.id, tool.name):
-                return f"tool {shown} is direct-only: call your `{tool.name}` tool directly, not through tool_call."
-        return f"unknown tool: {shown}. Find exact ids with tool_search (then tool_describe for the input)."
+        return self.model_surface.payload_telemetry()
 
     def call_tool(self, session: Session, tool_id: str, args: Any) -> dict[str, Any]:
         """Calls one catalog (or direct-only) tool from the host, through the same gate as a
         nested call; returns ``{tool, result}`` or ``{tool, error}``."""
-        view = self.catalog()
-        registry_tool = self._registry.get(tool_id)
-        if registry_tool is not None and registry_tool.direct_only and registry_tool.name in view.direct:
-            view = msgspec.structs.replace(view, tools={**view.tools, tool_id: registry_tool})
-        dispatcher = Dispatcher(
-            view, self._loop.get, session_id=session.session_id, gate=self._gate, mcp_ops=self._mcp.op
-        )
-        dispatcher.parent = f"call_{next(self._call_ids)}"
-        tool = view.tools.get(tool_id)
-        try:  # the model's arguments: as hostile as a guest's
-            if tool is not None and tool.source == "mcp":
-                call = (1, MCP_TOOL, msgspec.json.encode({"id": tool_id, "input": args or {}}).decode())
-            else:
-                call = (1, tool_id, msgspec.json.encode(args if args is not None else {}).decode())
-        except (TypeError, ValueError, RecursionError, MemoryError) as e:
-            return {"tool": tool_id, "error": f"tool arguments are not JSON the host can carry: {type(e).__name__}"}
-        inline = dispatcher.submit([call])
-        if inline is not None:
-            inline()  # a sync tool: here, on the caller's thread
-        try:
-            results = dispatcher.wait_ready(time.monotonic() + self.config.timeout_ms / 1000.0)
-        finally:
-            dispatcher.close()
-        if not results:
-            return {"tool": tool_id, "error": "tool call timed out"}
-        _, ok, text = results[0]
-        return {"tool": tool_id, "result": msgspec.json.decode(text)} if ok else {"tool": tool_id, "error": text}
+        return self.model_surface.call_tool(session.session_id, tool_id, args)
 
     def trace(self, session_id: str | None = None) -> list[dict[str, Any]]:
         """Exported trace events: code-mode calls and the nested tool calls under them."""
@@ -1079,7 +932,7 @@ class Session:
         if name == "tool_search_code":
             cell = _search_code_cell(args)
             return cm._exec(self, cell, cm._loop.get, min_timeout_ms=TOOL_SEARCH_CODE_MIN_TIMEOUT_MS).to_dict()
-        return self._handle_catalog(name, args)
+        return self.codemode.model_surface.handle_catalog(self.session_id, name, args)
 
     async def handle_async(self, name: str, args: dict[str, Any] | None) -> dict[str, Any]:
         """``handle`` as a coroutine: cells run as ``exec_async`` does (on this loop), and the
@@ -1094,32 +947,7 @@ class Session:
         if name == "tool_search_code":
             cell = _search_code_cell(args)
             return (await cm._exec_async(self, cell, min_timeout_ms=TOOL_SEARCH_CODE_MIN_TIMEOUT_MS)).to_dict()
-        return await asyncio.to_thread(self._handle_catalog, name, args)
-
-    def _handle_catalog(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
-        """The structured surfaces' calls: ``tool_search``, ``tool_describe``, ``tool_call``, and
-        a direct (or direct-only) tool by its name."""
-        cm = self.codemode
-        if name == "tool_search":
-            query = args.get("query")
-            limit = args.get("limit", cm.config.search_default_limit)
-            if not isinstance(query, str) or not isinstance(limit, int):
-                return {"error": "tool_search needs a `query` string and an optional integer `limit`"}
-            limit = min(max(limit, 1), cm.config.max_search_limit)
-            return {"results": msgspec.json.decode(cm._search_catalog().search(query, limit))}
-        if name == "tool_describe":
-            found = cm._search_catalog().describe(str(args.get("id", "")))
-            return msgspec.json.decode(found) if found is not None else {"error": f"unknown tool: {args.get('id')}"}
-        if name == "tool_call":
-            tool_id = str(args.get("id", ""))
-            refused = cm._tool_call_refusal(tool_id)
-            if refused is not None:
-                return {"tool": tool_id, "error": refused}
-            return cm.call_tool(self, tool_id, args.get("args", {}))
-        target = cm._direct_target(name)
-        if target is not None:
-            return cm.call_tool(self, target, args)
-        return {"error": f"unknown tool: {name}"}
+        return await asyncio.to_thread(self.codemode.model_surface.handle_catalog, self.session_id, name, args)
 
     async def exec_async(self, args: dict[str, Any], *, seed: int | None = None) -> ExecResult:
         """``exec`` as a coroutine on this loop (no thread waits for it); async tools run on this
