@@ -183,6 +183,7 @@ class CodeMode:
             self._mcp,
             self._call_ids,
         )
+
     # ---- MCP -----------------------------------------------------------------------------------
     def add_mcp_server(self, name: str, config: Mapping[str, Any]) -> None:
         """Adds an MCP server (``{"command", "args", "env"}`` or ``{"url", "headers"}``, as MCP
