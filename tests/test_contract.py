@@ -218,6 +218,21 @@ def test_the_bridge_method_names_are_one_list_on_both_sides():
     assert typing.get_args(protocol.CallMethod) == _engine.CALL_METHODS
 
 
+def test_an_engine_outcome_names_the_fields_of_a_report_frame():
+    fields = {name for name in dir(_engine.Outcome) if not name.startswith("_")}
+    assert fields == set(protocol.Report.__struct_fields__) - {"run"}
+
+
+def test_the_prelude_calls_under_the_engine_s_internal_tool_ids():
+    engine = _engine.Engine(catalog=_engine.Catalog('{"tools": [], "api": {}}'))
+    outcome = engine.start("yield_control('why'); readOutput('h1'); return 1", "javascript", 5000.0, 0)
+    assert outcome.status == "pending", outcome.failure
+    assert [(tool, method) for _, tool, _, method in outcome.calls] == [
+        (_engine.YIELD_TOOL, "yield_control"),
+        (_engine.OUTPUT_TOOL, "readOutput"),
+    ]
+
+
 @pytest.fixture
 def gated(gated_namespace):
     """A read-only tool (and a namespace over it) that answers only once ``gate`` is set."""

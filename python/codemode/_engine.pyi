@@ -4,15 +4,21 @@ from typing import Literal, TypeAlias, final
 
 __all__ = [
     "CALL_METHODS",
+    "DEFAULT_LIMITS",
     "MAX_BRIDGE_BYTES",
     "MAX_NESTING",
     "MAX_REPORT_BYTES",
     "MAX_VALUE_DEPTH",
+    "MCP_TOOL",
+    "NAMESPACE_TOOL",
+    "OUTPUT_TOOL",
     "PRELUDE_HASH",
     "YIELD_TOOL",
     "Catalog",
     "Engine",
     "EngineInitError",
+    "Limits",
+    "Outcome",
     "SemanticModel",
     "__version__",
     "spin_readable",
@@ -20,25 +26,15 @@ __all__ = [
 
 #: ``(code, name, message, stack)`` of a failed run; ``code`` is None for a guest exception.
 _Failure: TypeAlias = tuple[str | None, str, str, str]
-#: ``(status, value_json, failure, outputs, calls (id, tool, input, method), clock_reads, in_flight,
-#: memory_bytes, searches, describes, store_writes)``
-_Outcome: TypeAlias = tuple[
-    str,
-    str | None,
-    _Failure | None,
-    list[tuple[int, str]],
-    list[tuple[int, str, str, str]],
-    list[tuple[float, int]],
-    int,
-    int,
-    int,
-    int,
-    str | None,
-]
 
 __version__: str
 PRELUDE_HASH: str
+#: The bridge's internal tool ids (engine.rs; the prelude gets the same ones at install): a
+#: ``yield_control``, an ``MCP.*`` call, a namespace function's call, a ``readOutput``.
 YIELD_TOOL: str
+MCP_TOOL: str
+NAMESPACE_TOOL: str
+OUTPUT_TOOL: str
 #: The guest API a call can start from, as each call's ``method`` names it (``CallMethod`` in engine.rs).
 CALL_METHODS: tuple[str, ...]
 #: How deeply a cell's source may nest (brackets, operator chains, statements); deeper is invalid_input.
@@ -51,6 +47,58 @@ MAX_REPORT_BYTES: int
 MAX_BRIDGE_BYTES: int
 
 class EngineInitError(RuntimeError): ...
+
+@final
+class Limits:
+    """A run's limits (``Limits`` in limits.rs)."""
+
+    @property
+    def memory_bytes(self) -> int: ...
+    @property
+    def stack_bytes(self) -> int: ...
+    @property
+    def max_output_bytes(self) -> int: ...
+    @property
+    def max_pending_calls(self) -> int: ...
+    @property
+    def max_bridge_bytes(self) -> int: ...
+    @property
+    def search_default_limit(self) -> int: ...
+    @property
+    def max_search_limit(self) -> int: ...
+    @property
+    def max_report_bytes(self) -> int: ...
+
+#: The engine's default limits: the one copy, which ``codemode.config``'s defaults read.
+DEFAULT_LIMITS: Limits
+
+@final
+class Outcome:
+    """What a run's step ended in: the fields of protocol.py's ``Report``."""
+
+    @property
+    def status(self) -> Literal["completed", "failed", "pending"]: ...
+    @property
+    def value(self) -> str | None: ...
+    @property
+    def failure(self) -> _Failure | None: ...
+    @property
+    def outputs(self) -> list[tuple[int, str]]: ...
+    @property
+    def calls(self) -> list[tuple[int, str, str, str]]:
+        """``(id, tool, input, method)`` of each call started."""
+    @property
+    def clock_reads(self) -> list[tuple[float, int]]: ...
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def memory_bytes(self) -> int: ...
+    @property
+    def searches(self) -> int: ...
+    @property
+    def describes(self) -> int: ...
+    @property
+    def store_writes(self) -> str | None: ...
 
 @final
 class SemanticModel:
@@ -82,16 +130,17 @@ class Engine:
         cls,
         *,
         catalog: Catalog,
-        memory_limit_bytes: int,
-        max_output_bytes: int,
-        max_pending_calls: int,
-        stack_bytes: int = ...,
-        max_bridge_bytes: int = ...,
-        search_default_limit: int = ...,
-        max_search_limit: int = ...,
-    ) -> Engine: ...
-    def start(self, source: str, language: str, timeout_ms: float, seed: int, run_json: str = "{}") -> _Outcome: ...
-    def settle(self, results: list[tuple[int, bool, str]], timeout_ms: float) -> _Outcome: ...
+        memory_limit_bytes: int | None = None,
+        max_output_bytes: int | None = None,
+        max_pending_calls: int | None = None,
+        stack_bytes: int | None = None,
+        max_bridge_bytes: int | None = None,
+        search_default_limit: int | None = None,
+        max_search_limit: int | None = None,
+    ) -> Engine:
+        """Limits left out (None) are the engine's defaults (``DEFAULT_LIMITS``)."""
+    def start(self, source: str, language: str, timeout_ms: float, seed: int, run_json: str = "{}") -> Outcome: ...
+    def settle(self, results: list[tuple[int, bool, str]], timeout_ms: float) -> Outcome: ...
     def replay_clock(self, readings: list[tuple[float, int]]) -> None: ...
     def memory_bytes(self) -> int: ...
 

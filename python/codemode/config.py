@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from ._engine import DEFAULT_LIMITS as _ENGINE
 from .errors import ConfigError
 
 __all__ = ["BOUNDS", "CodeModeConfig", "either_spelling", "load_config"]
@@ -52,13 +53,14 @@ class CodeModeConfig(msgspec.Struct, rename="camel", forbid_unknown_fields=True,
     mode: Literal["only"] = "only"
     languages: tuple[Language, ...] = ("javascript", "typescript")
     timeout_ms: int = 10_000
-    memory_limit_bytes: int = 64 << 20
-    max_output_bytes: int = 64 << 10
+    #: The engine's limits default to its own (``Limits::default`` in limits.rs, the one copy).
+    memory_limit_bytes: int = _ENGINE.memory_bytes
+    max_output_bytes: int = _ENGINE.max_output_bytes
     max_snapshot_bytes: int = 10 << 20
-    max_pending_tool_calls: int = 16
+    max_pending_tool_calls: int = _ENGINE.max_pending_calls
     snapshot_ttl_seconds: int = 900
-    search_default_limit: int = 8
-    max_search_limit: int = 50
+    search_default_limit: int = _ENGINE.search_default_limit
+    max_search_limit: int = _ENGINE.max_search_limit
     #: Worker processes kept in the pool (0 = one per CPU).
     workers: int = 0
     #: Runs one worker holds at once (parked on tools, suspended, or running); past it, and

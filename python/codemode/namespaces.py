@@ -51,8 +51,8 @@ def guest_globals() -> frozenset[str]:
         max_pending_calls=1,
     )
     outcome = engine.start("return Object.getOwnPropertyNames(globalThis)", "javascript", 5000.0, 0, "{}")
-    assert outcome[0] == "completed" and outcome[1] is not None, outcome
-    return frozenset(msgspec.json.decode(outcome[1]))
+    assert outcome.status == "completed" and outcome.value is not None, (outcome.status, outcome.failure)
+    return frozenset(msgspec.json.decode(outcome.value))
 
 
 _MAX_DEPTH = 32

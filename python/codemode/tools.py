@@ -75,11 +75,11 @@ _OWNER = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _MCP_NAME = re.compile(r"^[^\x00-\x1f\x7f]{1,128}$")
 #: Names the catalog never holds: the model-facing control tools themselves.
 CONTROL_TOOLS = frozenset({"exec", "wait", "tool_search_code", "tool_search", "tool_describe", "tool_call"})
-#: The tool ids namespace and ``MCP.*`` calls arrive under (see prelude.js).
-NAMESPACE_TOOL = "\x00ns"
-MCP_TOOL = "\x00mcp"
-#: The tool id ``readOutput(handle, {offset, limit})`` calls arrive under (`codemode.outputs`).
-OUTPUT_TOOL = "\x00out"
+#: The tool ids namespace calls, ``MCP.*`` calls and ``readOutput(handle, {offset, limit})``
+#: calls (`codemode.outputs`) arrive under: the engine's (engine.rs, handed to prelude.js too).
+NAMESPACE_TOOL = _engine.NAMESPACE_TOOL
+MCP_TOOL = _engine.MCP_TOOL
+OUTPUT_TOOL = _engine.OUTPUT_TOOL
 McpOps = Callable[[str, str, Any], Awaitable[Any]]
 LoopRef = Callable[[], asyncio.AbstractEventLoop]
 _encode = msgspec.json.encode

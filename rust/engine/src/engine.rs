@@ -81,8 +81,18 @@ fn range_error<'js>(ctx: &Ctx<'js>, message: &str) -> Value<'js> {
     ctx.catch()
 }
 
+// The bridge's internal tool ids, the one copy: the prelude receives them at install (`host`), the
+// host imports them from `codemode._engine`. Catalog tool ids are validated by the host and none
+// can contain a NUL, so these cannot collide with one.
+
 /// The tool id of a `yield_control(reason)` call: the host suspends the run and settles it on `wait`.
 pub const YIELD_TOOL: &str = "\u{0}yield";
+/// The tool id of an `MCP.<server>.<tool>()` call (and the server's other operations).
+pub const MCP_TOOL: &str = "\u{0}mcp";
+/// The tool id of a namespace function's call (`Issues.list(...)`).
+pub const NAMESPACE_TOOL: &str = "\u{0}ns";
+/// The tool id of a `readOutput(handle)` call: the host answers it from the session's outputs.
+pub const OUTPUT_TOOL: &str = "\u{0}out";
 
 /// Identifies the prelude (FNV-1a 64 of its source): a journal replays only on the same one.
 pub fn prelude_hash() -> u64 {
@@ -952,6 +962,10 @@ fn install_prelude<'js>(
         })?,
     )?;
     host.set("maxValueDepth", MAX_VALUE_DEPTH as u32)?;
+    host.set("yieldTool", YIELD_TOOL)?;
+    host.set("mcpTool", MCP_TOOL)?;
+    host.set("namespaceTool", NAMESPACE_TOOL)?;
+    host.set("outputTool", OUTPUT_TOOL)?;
     host.set(
         "checkDepth",
         Function::new(ctx.clone(), move |ctx: Ctx<'js>, what: String, json: String| -> rquickjs::Result<()> {

@@ -17,7 +17,7 @@ mod web;
 pub use catalog::Catalog;
 pub use engine::{
     prelude_hash, CallMethod, ClockRun, Engine, EngineError, ErrorCode, Failure, Outcome, Output, OutputKind,
-    Settlement, Status, ToolCall, YIELD_TOOL,
+    Settlement, Status, ToolCall, MCP_TOOL, NAMESPACE_TOOL, OUTPUT_TOOL, YIELD_TOOL,
 };
 pub use frontend::Language;
 pub use limits::Limits;

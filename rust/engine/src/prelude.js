@@ -44,8 +44,12 @@
   const PromiseReject = Promise.reject;
   const RealDate = Date;
   const MAX_DEPTH = 64;
-  // Tool ids are validated by the host; none can contain a NUL, so this one cannot collide.
-  const YIELD_TOOL = "\u0000yield";
+  // The bridge's internal tool ids (engine.rs `YIELD_TOOL`...: the one copy). Catalog tool ids
+  // are validated by the host and none can contain a NUL, so these cannot collide with one.
+  const YIELD_TOOL = host.yieldTool;
+  const MCP_TOOL = host.mcpTool;
+  const NAMESPACE_TOOL = host.namespaceTool;
+  const OUTPUT_TOOL = host.outputTool;
   const MAX_ERROR_CHARS = 4096;
 
   function push(array, value) {
@@ -474,7 +478,6 @@
   // `MCP.<server>.<tool>(input)` is the only way a cell reaches MCP tools; it resolves to the exact
   // catalog id and goes through the host's normal call path. `API` serves the declaration files
   // from the worker's catalog: reading them is never a tool call.
-  const MCP_TOOL = "\u0000mcp";
   const hostMcp = host.mcp;
   const hostApiList = host.apiList;
   const hostApiRead = host.apiRead;
@@ -564,7 +567,6 @@
   // ---- namespaces ----------------------------------------------------------------------------
   // Plugin domain APIs (`Issues.list(...)`): plain data plus call markers, built per run by the
   // host. A marker becomes a function whose call goes through the catalog tool path in the host.
-  const NAMESPACE_TOOL = "\u0000ns";
   const namespaceInfo = ObjectCreate(null);
   const namespacesView = ObjectCreate(null);
 
@@ -756,7 +758,6 @@
 
   // Reads back the full text of a cut output (the cut note names its handle), a piece at a time:
   // the host answers from what it kept for this session, like a tool result.
-  const OUTPUT_TOOL = "\u0000out";
   function readOutput(handle, options) {
     const given = options !== null && typeof options === "object";
     return hostCall(OUTPUT_TOOL, toJson({ handle, offset: given ? options.offset : undefined, limit: given ? options.limit : undefined }), VIA_OUTPUT);

@@ -1,9 +1,10 @@
 //! Thin PyO3 wrapper: `codemode._engine.Engine` for the worker process.
 //!
-//! Only argument conversion lives here. Outcomes cross as plain tuples so the worker can put
-//! them into protocol frames without another layer of objects. The engine is not `Send`, and
-//! the worker is single-threaded, so there is no `detach`: no other Python thread could run.
-//! The host uses one helper from here, `spin_readable`, which does detach.
+//! Only argument conversion lives here. An outcome crosses as an `Outcome` of named fields (the
+//! engine's `Outcome`, flattened as the worker's `Report` frame carries it). The engine is not
+//! `Send`, and its users here (the host's probe of the guest's globals) are single-threaded, so
+//! there is no `detach` around it. The host uses one helper from here, `spin_readable`, which
+//! does detach.
 
 mod errors;
 mod semantic;
@@ -12,48 +13,82 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use codemode_engine::{
-    CallMethod, Catalog as InnerCatalog, Engine as Inner, Language, Limits, Outcome, Settlement, Status,
+    CallMethod, Catalog as InnerCatalog, Engine as Inner, Language, Limits as InnerLimits, Outcome as InnerOutcome,
+    Settlement, Status,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 /// (code, name, message, stack)
 type PyFailure = (Option<&'static str>, String, String, String);
-/// (status, value_json, failure, outputs, calls (id, tool, input, method), clock_reads, in_flight, memory_bytes, searches, describes,
-/// store_writes)
-type PyOutcome = (
-    &'static str,
-    Option<String>,
-    Option<PyFailure>,
-    Vec<(u8, String)>,
-    Vec<(u32, String, String, &'static str)>,
-    Vec<(f64, u32)>,
-    usize,
-    usize,
-    u32,
-    u32,
-    Option<String>,
-);
 
-fn convert(outcome: Outcome) -> PyOutcome {
-    let (status, value, failure) = match outcome.status {
-        Status::Completed(json) => ("completed", Some(json), None),
-        Status::Pending => ("pending", None, None),
-        Status::Failed(f) => ("failed", None, Some((f.code.map(|c| c.as_str()), f.name, f.message, f.stack))),
-    };
-    (
-        status,
-        value,
-        failure,
-        outcome.outputs.into_iter().map(|o| (o.kind as u8, o.text)).collect(),
-        outcome.calls.into_iter().map(|c| (c.id, c.tool, c.input_json, c.method.as_str())).collect(),
-        outcome.clock_reads,
-        outcome.in_flight,
-        outcome.memory_bytes,
-        outcome.searches,
-        outcome.describes,
-        outcome.store_writes,
-    )
+/// What a run's step ended in (the engine's `Outcome`; the fields of protocol.py's `Report`).
+#[pyclass(frozen, get_all, module = "codemode._engine")]
+struct Outcome {
+    status: &'static str,
+    value: Option<String>,
+    failure: Option<PyFailure>,
+    outputs: Vec<(u8, String)>,
+    /// (id, tool, input, method)
+    calls: Vec<(u32, String, String, &'static str)>,
+    clock_reads: Vec<(f64, u32)>,
+    in_flight: usize,
+    memory_bytes: usize,
+    searches: u32,
+    describes: u32,
+    store_writes: Option<String>,
+}
+
+impl From<InnerOutcome> for Outcome {
+    fn from(outcome: InnerOutcome) -> Outcome {
+        let (status, value, failure) = match outcome.status {
+            Status::Completed(json) => ("completed", Some(json), None),
+            Status::Pending => ("pending", None, None),
+            Status::Failed(f) => ("failed", None, Some((f.code.map(|c| c.as_str()), f.name, f.message, f.stack))),
+        };
+        Outcome {
+            status,
+            value,
+            failure,
+            outputs: outcome.outputs.into_iter().map(|o| (o.kind as u8, o.text)).collect(),
+            calls: outcome.calls.into_iter().map(|c| (c.id, c.tool, c.input_json, c.method.as_str())).collect(),
+            clock_reads: outcome.clock_reads,
+            in_flight: outcome.in_flight,
+            memory_bytes: outcome.memory_bytes,
+            searches: outcome.searches,
+            describes: outcome.describes,
+            store_writes: outcome.store_writes,
+        }
+    }
+}
+
+/// A run's limits (the engine's `Limits`): `DEFAULT_LIMITS` is the one copy of their defaults,
+/// which `codemode.config` reads.
+#[pyclass(frozen, get_all, module = "codemode._engine")]
+struct Limits {
+    memory_bytes: usize,
+    stack_bytes: usize,
+    max_output_bytes: usize,
+    max_pending_calls: usize,
+    max_bridge_bytes: usize,
+    search_default_limit: usize,
+    max_search_limit: usize,
+    max_report_bytes: usize,
+}
+
+impl From<InnerLimits> for Limits {
+    fn from(limits: InnerLimits) -> Limits {
+        Limits {
+            memory_bytes: limits.memory_bytes,
+            stack_bytes: limits.stack_bytes,
+            max_output_bytes: limits.max_output_bytes,
+            max_pending_calls: limits.max_pending_calls,
+            max_bridge_bytes: limits.max_bridge_bytes,
+            search_default_limit: limits.search_default_limit,
+            max_search_limit: limits.max_search_limit,
+            max_report_bytes: limits.max_report_bytes,
+        }
+    }
 }
 
 /// A parsed catalog with its search index, shared by every engine built from it.
@@ -108,54 +143,49 @@ struct Engine {
 
 #[pymethods]
 impl Engine {
+    /// Limits left out are the engine's defaults (`DEFAULT_LIMITS`).
     #[new]
-    #[pyo3(signature = (*, catalog, memory_limit_bytes, max_output_bytes, max_pending_calls, stack_bytes = 1 << 20, max_bridge_bytes = 16 << 20, search_default_limit = 8, max_search_limit = 50))]
+    #[pyo3(signature = (*, catalog, memory_limit_bytes = None, max_output_bytes = None, max_pending_calls = None, stack_bytes = None, max_bridge_bytes = None, search_default_limit = None, max_search_limit = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         catalog: &Catalog,
-        memory_limit_bytes: usize,
-        max_output_bytes: usize,
-        max_pending_calls: usize,
-        stack_bytes: usize,
-        max_bridge_bytes: usize,
-        search_default_limit: usize,
-        max_search_limit: usize,
+        memory_limit_bytes: Option<usize>,
+        max_output_bytes: Option<usize>,
+        max_pending_calls: Option<usize>,
+        stack_bytes: Option<usize>,
+        max_bridge_bytes: Option<usize>,
+        search_default_limit: Option<usize>,
+        max_search_limit: Option<usize>,
     ) -> PyResult<Self> {
-        let limits = Limits {
-            memory_bytes: memory_limit_bytes,
-            stack_bytes,
-            max_output_bytes,
-            max_pending_calls,
-            max_bridge_bytes,
-            search_default_limit,
-            max_search_limit,
-            ..Limits::default()
+        let d = InnerLimits::default();
+        let limits = InnerLimits {
+            memory_bytes: memory_limit_bytes.unwrap_or(d.memory_bytes),
+            stack_bytes: stack_bytes.unwrap_or(d.stack_bytes),
+            max_output_bytes: max_output_bytes.unwrap_or(d.max_output_bytes),
+            max_pending_calls: max_pending_calls.unwrap_or(d.max_pending_calls),
+            max_bridge_bytes: max_bridge_bytes.unwrap_or(d.max_bridge_bytes),
+            search_default_limit: search_default_limit.unwrap_or(d.search_default_limit),
+            max_search_limit: max_search_limit.unwrap_or(d.max_search_limit),
+            ..d
         };
         Inner::new(limits, catalog.inner.clone()).map(|inner| Engine { inner }).map_err(errors::init_error)
     }
 
     /// Runs the cell until it completes, fails, or waits on tool calls.
     #[pyo3(signature = (source, language, timeout_ms, seed, run_json = "{}"))]
-    fn start(
-        &mut self,
-        source: &str,
-        language: &str,
-        timeout_ms: f64,
-        seed: u64,
-        run_json: &str,
-    ) -> PyResult<PyOutcome> {
+    fn start(&mut self, source: &str, language: &str, timeout_ms: f64, seed: u64, run_json: &str) -> PyResult<Outcome> {
         let language = match language {
             "javascript" => Language::JavaScript,
             "typescript" => Language::TypeScript,
             other => return Err(PyValueError::new_err(format!("unknown language: {other:?}"))),
         };
-        Ok(convert(self.inner.start(source, language, timeout_ms, seed, run_json)))
+        Ok(self.inner.start(source, language, timeout_ms, seed, run_json).into())
     }
 
     /// Delivers `(call_id, ok, payload)` results (payload: JSON value, or an error message).
-    fn settle(&mut self, results: Vec<(u32, bool, String)>, timeout_ms: f64) -> PyOutcome {
+    fn settle(&mut self, results: Vec<(u32, bool, String)>, timeout_ms: f64) -> Outcome {
         let settlements = results.into_iter().map(|(id, ok, payload)| Settlement { id, ok, payload }).collect();
-        convert(self.inner.settle(settlements, timeout_ms))
+        self.inner.settle(settlements, timeout_ms).into()
     }
 
     /// Serves these clock readings before the real clock (journal replay).
@@ -194,6 +224,8 @@ fn spin_readable(py: Python<'_>, fd: i32, seconds: f64) -> bool {
 #[pymodule]
 fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Engine>()?;
+    m.add_class::<Outcome>()?;
+    m.add_class::<Limits>()?;
     m.add_class::<Catalog>()?;
     m.add_class::<semantic::SemanticModel>()?;
     m.add_function(wrap_pyfunction!(spin_readable, m)?)?;
@@ -201,24 +233,34 @@ fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("PRELUDE_HASH", format!("{:016x}", codemode_engine::prelude_hash()))?;
     m.add("YIELD_TOOL", codemode_engine::YIELD_TOOL)?;
+    m.add("MCP_TOOL", codemode_engine::MCP_TOOL)?;
+    m.add("NAMESPACE_TOOL", codemode_engine::NAMESPACE_TOOL)?;
+    m.add("OUTPUT_TOOL", codemode_engine::OUTPUT_TOOL)?;
+    m.add("DEFAULT_LIMITS", Limits::from(InnerLimits::default()))?;
     m.add("CALL_METHODS", pyo3::types::PyTuple::new(m.py(), CallMethod::ALL.map(CallMethod::as_str))?)?;
     m.add("MAX_NESTING", codemode_engine::nesting::MAX_NESTING)?;
     m.add("MAX_VALUE_DEPTH", codemode_engine::limits::MAX_VALUE_DEPTH)?;
     m.add("MAX_REPORT_BYTES", codemode_engine::limits::MAX_REPORT_BYTES)?;
-    m.add("MAX_BRIDGE_BYTES", codemode_engine::Limits::default().max_bridge_bytes)?;
+    m.add("MAX_BRIDGE_BYTES", InnerLimits::default().max_bridge_bytes)?;
     m.add(
         "__all__",
         [
             "CALL_METHODS",
+            "DEFAULT_LIMITS",
             "MAX_BRIDGE_BYTES",
             "MAX_NESTING",
             "MAX_REPORT_BYTES",
             "MAX_VALUE_DEPTH",
+            "MCP_TOOL",
+            "NAMESPACE_TOOL",
+            "OUTPUT_TOOL",
             "PRELUDE_HASH",
             "YIELD_TOOL",
             "Catalog",
             "Engine",
             "EngineInitError",
+            "Limits",
+            "Outcome",
             "SemanticModel",
             "__version__",
             "spin_readable",
