@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 import msgspec
 
@@ -27,6 +27,7 @@ __all__ = [
     "MAX_FRAME_BYTES",
     "Call",
     "CallMethod",
+    "CallResult",
     "ClockRun",
     "Configure",
     "Drop",
@@ -96,11 +97,21 @@ class Start(msgspec.Struct, tag="start", array_like=True):
     clock_start: float | None = None
 
 
+class CallResult(NamedTuple):
+    """A tool call's result as it crosses to a worker (and as journals keep it): on the wire an
+    array ``[call_id, ok, payload]``, as a plain tuple would be (``Result3`` in protocol.rs)."""
+
+    call_id: int
+    ok: bool
+    #: JSON text of the value, or the error message when not ``ok``.
+    payload: str
+
+
 class Settle(msgspec.Struct, tag="settle", array_like=True):
-    """Tool results: ``(call_id, ok, payload)``; payload is JSON text, or a message if not ok."""
+    """Tool results for a run."""
 
     run: int
-    results: list[tuple[int, bool, str]]
+    results: list[CallResult]
     timeout_ms: float
 
 
@@ -111,7 +122,7 @@ class Replay(msgspec.Struct, tag="replay", array_like=True):
     no outputs."""
 
     start: Start
-    batches: list[list[tuple[int, bool, str]]]
+    batches: list[list[CallResult]]
     clock_reads: list[ClockRun]
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from .protocol import CallMethod, ClockRun, EngineLimits, Start, utf8_len
+from .protocol import CallMethod, CallResult, ClockRun, EngineLimits, Start, utf8_len
 
 if TYPE_CHECKING:
     from .protocol import Configure
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_SUSPENDED_RUNS",
+    "Counts",
     "Journal",
     "JournalApproval",
     "JournalCall",
@@ -76,7 +77,7 @@ def new_run_id() -> str:
 
 def journal_size(journal: Journal) -> int:
     """The bytes a journal holds that grow with what the run does (payloads and open inputs)."""
-    payloads = sum(utf8_len(payload) for batch in journal.batches for _, _, payload in batch)
+    payloads = sum(utf8_len(result.payload) for batch in journal.batches for result in batch)
     return payloads + sum(utf8_len(data) for data in journal.open_inputs.values())
 
 
@@ -114,8 +115,8 @@ class Journal(msgspec.Struct, kw_only=True):
     session_id: str = ""
     agent_run: str | None = None
     calls: list[JournalCall] = msgspec.field(default_factory=list)
-    #: Result batches ``(call_id, ok, payload)`` in the order they were settled.
-    batches: list[list[tuple[int, bool, str]]] = msgspec.field(default_factory=list)
+    #: Result batches in the order they were settled.
+    batches: list[list[CallResult]] = msgspec.field(default_factory=list)
     #: Clock readings as runs ``(ms, times read in a row)``, in the order they were read.
     clock_reads: list[ClockRun] = msgspec.field(default_factory=list)
     #: Inputs of calls still in flight at suspension (JSON text), so another process can redo
@@ -131,7 +132,7 @@ class Journal(msgspec.Struct, kw_only=True):
         return Start(engine_run, self.source, self.language, timeout_ms, self.seed, self.run_json, self.clock_start)
 
     def settled_ids(self) -> set[int]:
-        return {call_id for batch in self.batches for call_id, _, _ in batch}
+        return {result.call_id for batch in self.batches for result in batch}
 
     def encode(self) -> bytes:
         return msgspec.msgpack.encode(self)
@@ -164,6 +165,20 @@ class Step(msgspec.Struct):
     @property
     def ended(self) -> bool:
         return self.status != "running"
+
+
+class Counts(msgspec.Struct):
+    """What a run has done over its exec and waits together, for its telemetry."""
+
+    tool_calls: int = 0
+    searches: int = 0
+    describes: int = 0
+
+    def add(self, step: Step) -> None:
+        """Counts in what ``step`` saw."""
+        self.tool_calls += step.tool_calls
+        self.searches += step.searches
+        self.describes += step.describes
 
 
 class Phase(enum.Enum):
@@ -261,8 +276,8 @@ class Run:
         self.expires_at = 0.0
         #: Cancelled or expired: its runtime is dropped, whatever it was doing.
         self.aborted = False
-        #: Cumulative over the run's exec and waits: tool calls, searches, describes.
-        self.counts = [0, 0, 0]
+        #: Cumulative over the run's exec and waits.
+        self.counts = Counts()
         #: From the cell's ``// @options``: the text budget, and the wall clock of each call.
         self.output_chars: int | None = None
         #: ``(session id, branch)`` whose store a completed run commits to.

@@ -56,6 +56,7 @@ from .results import ExecResult
 from .runs import (
     FOREIGN,
     UNAVAILABLE,
+    Counts,
     Journal,
     Run,
     RunLookupError,
@@ -373,17 +374,15 @@ class CodeMode:
     # ---- running ---------------------------------------------------------------------------------
     def _telemetry(self, started: float, step: Step | None, run: Run | None = None) -> Telemetry:
         view = run.dispatcher.view if run is not None else self.catalog()
-        counts = [0, 0, 0]
+        counts = Counts()
         if run is not None and step is not None:
             counts = run.counts
-            counts[0] += step.tool_calls
-            counts[1] += step.searches
-            counts[2] += step.describes
+            counts.add(step)
         return Telemetry(
             duration_ms=(time.perf_counter() - started) * 1000.0,
-            tool_calls=counts[0],
-            searches=counts[1],
-            describes=counts[2],
+            tool_calls=counts.tool_calls,
+            searches=counts.searches,
+            describes=counts.describes,
             memory_bytes=step.memory_bytes if step else 0,
             catalog_size=len(view.tools),
             catalog_sources=dict(view.counts),

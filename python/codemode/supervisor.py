@@ -50,13 +50,14 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import protocol
 from ._engine import YIELD_TOOL
 from .errors import ClosedError, ProtocolError, WorkerCrashed
 from .hotloop import HotLoop, watch
 from .protocol import (
+    CallResult,
     Configure,
     Drop,
     Fault,
@@ -71,9 +72,6 @@ from .protocol import (
 )
 from .runs import JournalCall, Phase, Run, Step
 from .workers import READER_THREAD, WORKER_ADDRESS_SLACK, Inflight, Lane, WorkerProcess
-
-if TYPE_CHECKING:
-    from .tools import Result
 
 __all__ = ["KILL_GRACE_S", "SYNC_TOOL_THREADS", "Supervisor"]
 
@@ -129,7 +127,7 @@ def _unsettle(run: Run) -> None:
     """The run's last settle never reached an engine: its batch leaves the journal (and its
     bytes the journal's count) and its results are ready again, to be delivered elsewhere."""
     batch = run.journal.batches.pop()
-    run.journal_bytes -= sum(utf8_len(payload) for _, _, payload in batch)
+    run.journal_bytes -= sum(utf8_len(result.payload) for result in batch)
     run.dispatcher.requeue(batch)
 
 
@@ -472,7 +470,7 @@ class Supervisor:
                 step.deadline = time.monotonic() + timeout_ms / 1000.0
                 step.extended = False
                 if run.yields:
-                    run.dispatcher.requeue([(call_id, True, answer) for call_id in run.yields])
+                    run.dispatcher.requeue([CallResult(call_id, True, answer) for call_id in run.yields])
                     run.yields.clear()
                 lane = run.lane
                 if lane is not None:
@@ -1176,18 +1174,18 @@ class Supervisor:
         run.phase = Phase.RUNNING
         return frames
 
-    def _journaled(self, run: Run, results: list[Result]) -> list[Result]:
+    def _journaled(self, run: Run, results: list[CallResult]) -> list[CallResult]:
         """The results of one settle frame (taken within ``SETTLE_BUDGET_BYTES``: the rest stay
         ready for the next, so no frame outgrows its cap), as the journal records them: within
         ``maxJournalBytes``, past which a call fails instead."""
-        journaled: list[Result] = []
+        journaled: list[CallResult] = []
         for call_id, ok, payload in results:
             length = utf8_len(payload)
             if run.journal_bytes + length > self._max_journal:
                 ok, payload = False, _journal_full(length, self._max_journal)
                 length = len(payload)
             run.journal_bytes += length
-            journaled.append((call_id, ok, payload))
+            journaled.append(CallResult(call_id, ok, payload))
         return journaled
 
     def _may_write(self, lane: Lane, run: Run) -> bool:

@@ -49,7 +49,7 @@ from .policy import (
     Trace,
     TraceEvent,
 )
-from .protocol import too_heavy, utf8_len
+from .protocol import CallResult, too_heavy, utf8_len
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -589,9 +589,9 @@ def _rejected(reason: str) -> Blocked:
     return Blocked(f"not approved: {reason}" if reason else "not approved")
 
 
-def _op_rejected(call_id: int, label: str, reason: str) -> Result:
+def _op_rejected(call_id: int, label: str, reason: str) -> CallResult:
     """An ``MCP.<server>.resources/prompts`` request the host rejected."""
-    return (call_id, False, _error_message(label, _rejected(reason)))
+    return CallResult(call_id, False, _error_message(label, _rejected(reason)))
 
 
 #: What `_start_coroutine`'s request answers when it was filed for approval (no result yet).
@@ -610,9 +610,6 @@ def apply_hook(decision: HookResult, args: Any) -> Any:
     return args
 
 
-Result = tuple[int, bool, str]
-
-
 class _McpRequest(NamedTuple):
     """An ``MCP.<server>.resources/prompts`` request as hooks and approvals see it (`mcp_api.op_id`)."""
 
@@ -623,14 +620,14 @@ class _McpRequest(NamedTuple):
     requires_approval: bool = False
 
 
-def _blocked_result(call_id: int, tool: Tool, blocked: Blocked) -> Result:
+def _blocked_result(call_id: int, tool: Tool, blocked: Blocked) -> CallResult:
     """A blocked call's answer (the tool did not run): a failed call, or for an MCP tool what
     MCP tools answer a failure with, a result the cell can check (``isError``) whose text is
     the reason."""
     if tool.source != "mcp":
-        return (call_id, False, _error_message(tool.id, blocked))
+        return CallResult(call_id, False, _error_message(tool.id, blocked))
     content = [{"type": "text", "text": _bounded_error(blocked.reason)}]
-    return (call_id, True, _encode({"content": content, "isError": True}).decode())
+    return CallResult(call_id, True, _encode({"content": content, "isError": True}).decode())
 
 
 class _Plan(NamedTuple):
@@ -640,7 +637,7 @@ class _Plan(NamedTuple):
     resolved: str | None
     #: Runs it: an answer or a sync tool returns its result; an async call starts on its loop
     #: and returns None.
-    run: Callable[[], Result | None]
+    run: Callable[[], CallResult | None]
     #: A sync tool: host code that the caller of ``submit`` runs where it chooses.
     inline: bool = False
 
@@ -698,13 +695,13 @@ def _fitted(entries: list[dict[str, Any]], rest: dict[str, Any]) -> str:
     return text.decode()
 
 
-def result_bytes(result: Result) -> int:
+def result_bytes(result: CallResult) -> int:
     """The UTF-8 size of a result's payload: what it adds to a settle frame (plus a few bytes
     of msgpack framing per result)."""
-    return utf8_len(result[2])
+    return utf8_len(result.payload)
 
 
-def _admitted(result: Result) -> tuple[Result, int]:
+def _admitted(result: CallResult) -> tuple[CallResult, int]:
     """``result`` as it may cross to a worker, with its size: a payload over the bridge limit
     becomes that call's error, an error message is bounded."""
     call_id, ok, payload = result
@@ -713,7 +710,7 @@ def _admitted(result: Result) -> tuple[Result, int]:
         if size <= MAX_BRIDGE_BYTES:
             return result, size
         payload = _OVER_BRIDGE
-    failed = (call_id, False, _bounded_error(payload))
+    failed = CallResult(call_id, False, _bounded_error(payload))
     return failed, result_bytes(failed)
 
 
@@ -795,7 +792,7 @@ class Dispatcher:
         #: Namespace calls arrive under a marker id; this maps their call ids to the real tool.
         self.resolved: dict[int, str] = {}
         #: Results ready to hand over, each with its payload's size (`result_bytes`).
-        self._ready: list[tuple[Result, int]] = []
+        self._ready: list[tuple[CallResult, int]] = []
         self._lock = threading.Lock()
         #: Set when results land, while `wait_ready` waits (host-side calls only).
         self._landed: threading.Event | None = None
@@ -855,8 +852,8 @@ class Dispatcher:
         return self._launch(plans)
 
     def _launch(self, plans: list[tuple[int, _Plan]]) -> Callable[[], None] | None:
-        inline: list[Callable[[], Result | None]] = []
-        answered: list[Result] = []
+        inline: list[Callable[[], CallResult | None]] = []
+        answered: list[CallResult] = []
         for call_id, plan in plans:
             if plan.inline:
                 inline.append(plan.run)
@@ -867,7 +864,7 @@ class Dispatcher:
                 with self._lock:
                     self._futures.pop(call_id, None)
                     self._loops.pop(call_id, None)
-                result = (call_id, False, _error_message(plan.resolved or "call", e))
+                result = CallResult(call_id, False, _error_message(plan.resolved or "call", e))
             if result is not None:
                 answered.append(result)
         if answered:
@@ -876,7 +873,7 @@ class Dispatcher:
             return None
         return functools.partial(self._run_inline, inline)
 
-    def _run_inline(self, runs: list[Callable[[], Result | None]]) -> None:
+    def _run_inline(self, runs: list[Callable[[], CallResult | None]]) -> None:
         results = [result for run in runs if (result := run()) is not None]
         self.add_ready(results)
 
@@ -884,7 +881,7 @@ class Dispatcher:
         """How one call starts (nothing is started or recorded here); `submit` guards it."""
         if tool_id == OUTPUT_TOOL:  # `readOutput`: answered here, from this session's outputs
             ok, payload = read_call(self._outputs, self.session_id, input_json)
-            return _Plan("readOutput", lambda: (call_id, ok, payload))
+            return _Plan("readOutput", lambda: CallResult(call_id, ok, payload))
         heavy = too_heavy(input_json)
         if heavy is not None:  # weighed before it is decoded
             return self._answer(call_id, None, f"{_subject(tool_id)}: input is too heavy for the host: {heavy}")
@@ -980,7 +977,7 @@ class Dispatcher:
 
     def _answer(self, call_id: int, resolved: str | None, message: str) -> _Plan:
         """A call answered at once with an error ``message``."""
-        return _Plan(resolved, lambda: (call_id, False, message))
+        return _Plan(resolved, lambda: CallResult(call_id, False, message))
 
     def _event(self, tool: Tool | _McpRequest, args: Any) -> ToolCallEvent:
         return ToolCallEvent(
@@ -1049,7 +1046,7 @@ class Dispatcher:
         if listener is not None:
             listener()  # (no result landed: the run may have nothing left but approvals)
 
-    def _run_sync(self, call_id: int, tool: Tool, args: Any, gated: bool = False) -> Result | None:
+    def _run_sync(self, call_id: int, tool: Tool, args: Any, gated: bool = False) -> CallResult | None:
         """Runs a sync tool (``gated``: its call has passed the gate); None if its approval
         comes later (the call is filed)."""
         started = time.perf_counter()
@@ -1075,8 +1072,8 @@ class Dispatcher:
             except Blocked as e:
                 result = _blocked_result(call_id, tool, e)
         except BaseException as e:  # a hook or tool fails its own call, whatever it raises
-            result = (call_id, False, _error_message(tool.id, e))
-        self._record(call_id, tool.id, started, result[1], span)
+            result = CallResult(call_id, False, _error_message(tool.id, e))
+        self._record(call_id, tool.id, started, result.ok, span)
         return result
 
     def _call_span(self, call_id: int, tool_id: str) -> Span | None:
@@ -1106,20 +1103,22 @@ class Dispatcher:
             )
         return positional, keywords
 
-    def _refusal(self, call_id: int, tool: Tool) -> Callable[[str], Result]:
+    def _refusal(self, call_id: int, tool: Tool) -> Callable[[str], CallResult]:
         """Answers ``tool``'s call as the host rejected it (with the reason given)."""
         return lambda reason: _blocked_result(call_id, tool, _rejected(reason))
 
-    def _finish(self, call_id: int, tool: Tool, value: Any) -> Result:
+    def _finish(self, call_id: int, tool: Tool, value: Any) -> CallResult:
         """Checks the output contract, then encodes; neither message echoes the value."""
         payload = _encode_result(f"tool {tool.id}", value)
         if isinstance(payload, str):
-            return (call_id, False, payload)
+            return CallResult(call_id, False, payload)
         if tool.check_output is not None:
             problem = tool.check_output(_decode(payload))
             if problem is not None:
-                return (call_id, False, f"tool {tool.id} returned a value that breaks its output contract: {problem}")
-        return (call_id, True, payload.decode())
+                return CallResult(
+                    call_id, False, f"tool {tool.id} returned a value that breaks its output contract: {problem}"
+                )
+        return CallResult(call_id, True, payload.decode())
 
     def _record(self, call_id: int, tool_id: str, started: float, ok: bool, span: Span | None) -> None:
         if span is not None:
@@ -1143,7 +1142,7 @@ class Dispatcher:
         """Starts a call of ``tool`` on its loop (``gated``: it has passed the gate)."""
         through_gate = not gated and self._gated_call(tool)
 
-        async def call() -> Result | None:
+        async def call() -> CallResult | None:
             try:
                 gated = await self._gate_async(call_id, tool, args) if through_gate else args
             except Blocked as blocked:
@@ -1165,14 +1164,14 @@ class Dispatcher:
         self._start(call_id, tool.id, call, tool.loop)
 
     def _start_coroutine(self, call_id: int, label: str, make: Callable[[], Awaitable[Any]]) -> None:
-        async def call() -> Result | None:
+        async def call() -> CallResult | None:
             value = await make()
             if value is _FILED:
                 return None
             payload = _encode_result(label, value)
             if isinstance(payload, str):
-                return (call_id, False, payload)
-            return (call_id, True, payload.decode())
+                return CallResult(call_id, False, payload)
+            return CallResult(call_id, True, payload.decode())
 
         self._start(call_id, label, call, None)
 
@@ -1180,7 +1179,7 @@ class Dispatcher:
         self,
         call_id: int,
         label: str,
-        call: Callable[[], Awaitable[Result | None]],
+        call: Callable[[], Awaitable[CallResult | None]],
         loop: LoopRef | None,
     ) -> None:
         """Starts ``call`` on its loop (at once, as a task, when this is that loop's thread)."""
@@ -1201,9 +1200,9 @@ class Dispatcher:
                         tracing.end_call(span, "cancelled", started)
                     raise
                 # The tool raised it, or cancelled its own task: its call fails like any other.
-                result = (call_id, False, _error_message(label, e))
+                result = CallResult(call_id, False, _error_message(label, e))
             except BaseException as e:  # it fails its own call; the loop (shared) goes on
-                result = (call_id, False, _error_message(label, e))
+                result = CallResult(call_id, False, _error_message(label, e))
             if result is None:  # filed for approval: no longer running
                 with self._lock:
                     self._futures.pop(call_id, None)
@@ -1242,8 +1241,8 @@ class Dispatcher:
                 return
         future.cancel()  # cancelled meanwhile (a no-op if it was delivered already)
 
-    def _deliver(self, call_id: int, label: str, started: float, result: Result, span: Span | None) -> None:
-        self._record(call_id, label, started, result[1], span)
+    def _deliver(self, call_id: int, label: str, started: float, result: CallResult, span: Span | None) -> None:
+        self._record(call_id, label, started, result.ok, span)
         with self._lock:
             if call_id not in self._futures:
                 return  # cancelled
@@ -1251,7 +1250,7 @@ class Dispatcher:
             self._loops.pop(call_id, None)
         self.add_ready([result])
 
-    def add_ready(self, results: list[Result]) -> None:
+    def add_ready(self, results: list[CallResult]) -> None:
         """Results to hand to the run (tools', or ``yield_control``'s); tells the listener.
         Every result passes here: one over the bridge limit becomes its call's error, and an
         error message is bounded (see `_admitted`), so no result can overflow a frame."""
@@ -1266,7 +1265,7 @@ class Dispatcher:
         if listener is not None:
             listener()
 
-    def requeue(self, results: list[Result]) -> None:
+    def requeue(self, results: list[CallResult]) -> None:
         """Puts back results taken with ``take_ready`` that were never delivered (first, in
         their order; the listener is not told: whoever put them back goes on with them)."""
         sized = [(result, result_bytes(result)) for result in results]
@@ -1282,7 +1281,7 @@ class Dispatcher:
         with self._lock:
             return bool(self._ready)
 
-    def take_ready(self, max_bytes: int | None = None) -> list[Result]:
+    def take_ready(self, max_bytes: int | None = None) -> list[CallResult]:
         """The ready results, in order; with ``max_bytes``, only the first ones whose payloads
         total at most that (and at least one): the rest stay ready for the next frame."""
         with self._lock:
@@ -1298,7 +1297,7 @@ class Dispatcher:
                 taken, self._ready = self._ready[:count], self._ready[count:]
         return [result for result, _ in taken]
 
-    def wait_ready(self, deadline: float) -> list[Result]:
+    def wait_ready(self, deadline: float) -> list[CallResult]:
         """The results ready now or, if none, the first to finish before ``deadline``
         (``time.monotonic``); empty if nothing is running or the deadline passes."""
         landed = self._landed = threading.Event()

@@ -21,7 +21,7 @@ import pytest
 from codemode import CodeMode, ToolDefinitionError
 from codemode import workers as codemode_workers
 from codemode.catalog import MAX_DESCRIPTION_CHARS, MAX_LABEL_CHARS, compile_input_validator
-from codemode.protocol import Report
+from codemode.protocol import CallResult, Report
 from codemode.tools import MAX_BRIDGE_BYTES, MAX_ERROR_CHARS, Dispatcher, define_tool
 
 ODD_SERVER = str(Path(__file__).resolve().parents[1] / "fixtures" / "odd_mcp_server.py")
@@ -417,15 +417,17 @@ def test_a_result_over_the_bridge_limit_fails_only_its_call(tcm, tool):
 
 def test_ready_results_are_sized_in_bytes_and_taken_within_a_budget(tcm):
     dispatcher = Dispatcher(tcm.catalog(), asyncio.new_event_loop)
-    dispatcher.add_ready([(1, True, '"é"'), (2, True, "1" * 10), (3, False, "e" * (MAX_ERROR_CHARS * 2))])
+    dispatcher.add_ready(
+        [CallResult(1, True, '"é"'), CallResult(2, True, "1" * 10), CallResult(3, False, "e" * (MAX_ERROR_CHARS * 2))]
+    )
     cut = dispatcher.ready_bytes() - 4 - 10  # (the cut's marker holds a 3-byte "…")
     assert cut == MAX_ERROR_CHARS + 2
-    assert [r[0] for r in dispatcher.take_ready(max_bytes=3)] == [1]  # at least one
-    assert [r[0] for r in dispatcher.take_ready(max_bytes=10)] == [2]
+    assert [r.call_id for r in dispatcher.take_ready(max_bytes=3)] == [1]  # at least one
+    assert [r.call_id for r in dispatcher.take_ready(max_bytes=10)] == [2]
     (rest,) = dispatcher.take_ready()
-    assert rest[0] == 3 and len(rest[2]) == MAX_ERROR_CHARS and len(rest[2].encode()) == cut
-    dispatcher.add_ready([(4, True, "x" * (MAX_BRIDGE_BYTES + 1))])
-    assert dispatcher.take_ready() == [(4, False, OVER_BRIDGE)]
+    assert rest.call_id == 3 and len(rest.payload) == MAX_ERROR_CHARS and len(rest.payload.encode()) == cut
+    dispatcher.add_ready([CallResult(4, True, "x" * (MAX_BRIDGE_BYTES + 1))])
+    assert dispatcher.take_ready() == [CallResult(4, False, OVER_BRIDGE)]
 
 
 # ---- item 12: tool inputs are checked against the tool's schema ---------------------------------------
