@@ -130,13 +130,13 @@ def test_wait_on_resident_run(benchmark, session):
 def test_wait_replaying_ten_journaled_calls(benchmark, session):
     """`wait` when the resident runtime is gone: the journal (10 tool calls) is replayed into a
     fresh engine, then the pending call is settled."""
-    runs = session.codemode._runs
+    live = session.codemode._live
 
     def suspend_and_evict():
         waiting = session.exec({"code": TEN_THEN_YIELD})
         time.sleep(0.01)
         assert waiting["status"] == "waiting"
-        (run,) = [r for r in runs.all() if r.run_id == waiting["runId"]]
+        (run,) = [r for r in live.suspended() if r.run_id == waiting["runId"]]
         assert session.codemode._supervisor.evict(run)  # the resident runtime is gone: wait must replay
         return ({"runId": waiting["runId"]},), {}
 

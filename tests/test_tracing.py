@@ -294,9 +294,9 @@ def test_without_opentelemetry_exec_runs_and_nothing_is_wrapped():
         import sys
         sys.modules["opentelemetry"] = None  # `import opentelemetry` now raises ImportError
         from codemode import CodeMode, tracing
-        from codemode.session import CodeMode as Host
+        from codemode.runner import Runner
         assert not tracing.ENABLED and tracing.tracer() is None
-        assert not hasattr(Host._exec, "__wrapped__") and not hasattr(Host._wait_async, "__wrapped__")
+        assert not hasattr(Runner.exec, "__wrapped__") and not hasattr(Runner.wait_async, "__wrapped__")
         with CodeMode({"workers": 1, "timeoutMs": 5000}) as cm:
             @cm.tool
             def add(a: int, b: int) -> int:

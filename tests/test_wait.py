@@ -284,7 +284,7 @@ def test_replay_that_diverges_from_the_journal_fails(make_codemode, gate):
     s = cm.session()
     first = exec_(s, "const a = await tools.fast({n: 1}); return await tools.slow({n: a})")
     assert first["status"] == "waiting"
-    (run,) = cm._runs.all()
+    (run,) = cm._live.suspended()  # (a journal corrupted in place: internals)
     call_id, ok, _ = run.journal.batches[0][0]
     run.journal.batches[0][0] = (call_id, ok, "2")  # the recorded result no longer matches
     for pid in cm._supervisor.worker_pids():
@@ -511,7 +511,7 @@ def test_a_cell_that_keeps_calling_tools_still_times_out(gate: Gate, tool: str) 
 def _advanced(cm: CodeMode, run_id: str, status: str) -> Any:
     """The suspended run, once an advance has taken it to ``status`` (``parked``: on to its
     next report, which parks it on held calls, or a yield's ``suspended``)."""
-    (run,) = [r for r in cm._runs.all() if r.run_id == run_id]
+    (run,) = [r for r in cm._live.suspended() if r.run_id == run_id]
     progress = cm._supervisor.progress
     wait_until(lambda: progress(run) == status and (status != "parked" or run.step.reports), "run advanced")
     return run
@@ -722,7 +722,7 @@ def test_cancel_does_not_wait_for_a_running_advance(wcm, gate):
     s = wcm.session()
     first = exec_(s, "await tools.slow({n: 1}); const t = Date.now(); while (Date.now() - t < 5000) {}")
     gate.open()
-    (run,) = wcm._runs.all()
+    (run,) = wcm._live.suspended()
     wait_until(lambda: wcm._supervisor.progress(run) == "running", "the run is advancing")
     started = time.monotonic()
     assert s.cancel(first["runId"]) is True

@@ -81,7 +81,7 @@ def test_an_answered_yield_is_replayed_from_the_journal_after_a_worker_kill(cm):
     run_id = asked(s, code)
     parked = s.wait({"runId": run_id, "answer": {"deep": ["answer"]}})
     assert (parked["status"], parked["reason"]) == ("waiting", "pending_tools"), parked
-    (run,) = cm._runs.all()
+    (run,) = cm._live.suspended()
     assert [(ok, payload) for batch in run.journal.batches for _, ok, payload in batch] == [
         (True, '{"deep":["answer"]}')
     ]

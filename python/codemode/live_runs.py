@@ -1,0 +1,253 @@
+"""The runs of one ``CodeMode`` that are not over: how a step ends, and what can reach a run
+between its steps (an approval, a cancel, expiry, an export).
+
+Every run is *live* from its first step until it is retired; a suspended one is also in the run
+table (`runs.RunTable`: scoped to its session, at most 64, each for ``snapshotTtlSeconds``),
+where the next ``wait`` claims it::
+
+    step ──finish──> suspended: table.suspend ──> Waiting (runId, pendingToolCalls)
+                 └─> completed / failed: retire ──> Completed (store writes committed) | Failed
+    approve(run, call) ──> live run's approvals ──> supervisor.release_decided (acts at once)
+    cancel / expiry (the sweeper thread) / close ──> retire: out of the table, runtime dropped,
+                                                     tool tasks cancelled, approvals cleared
+
+Building the result from the step (outputs, cuts, the error's budget) is `codemode.outcomes`;
+each ended step is also one event of the host's trace (`policy.Trace`).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import catalog
+from .approvals import ApprovalRequest, call_number
+from .config import CodeModeConfig
+from .errors import ApprovalError, CodemodeError, StoreError, StoreLimitError
+from .model_surface import MODEL_VISIBLE_TOOLS
+from .outcomes import Completed, Failed, Output, Result, Telemetry, Waiting, cut_to_budget, failure_text, outputs_of
+from .outputs import OutputStore
+from .policy import Trace, TraceEvent
+from .runs import FOREIGN, UNAVAILABLE, Counts, Run, RunLookupError, RunTable, Scope, Step
+from .stored_values import StoredValues
+from .supervisor import Supervisor
+from .tools import CatalogView
+
+__all__ = ["MAX_REASON_CHARS", "LiveRuns"]
+
+#: Characters of the reason a host gives when it rejects a call (it reaches the guest).
+MAX_REASON_CHARS = 1000
+
+
+class LiveRuns:
+    """The live runs and the table of suspended ones (``catalog`` gives the catalog a run would
+    get now, for the telemetry of a call that made no run)."""
+
+    def __init__(
+        self,
+        config: CodeModeConfig,
+        catalog: Callable[[], CatalogView],
+        supervisor: Supervisor,
+        trace: Trace,
+        stored: StoredValues,
+        outputs: OutputStore,
+    ) -> None:
+        self._config = config
+        self._catalog = catalog
+        self._supervisor = supervisor
+        self._trace = trace
+        self._stored = stored
+        self._outputs = outputs
+        self._runs = RunTable(config.snapshot_ttl_seconds, per_session=config.max_suspended_runs_per_session)
+        #: Every run not yet retired, by id: a host's approval may come while its run still
+        #: executes, before it is filed as suspended.
+        self._live: dict[str, Run] = {}
+        self._sweeper: threading.Thread | None = None
+        self._sweep_stop = threading.Event()
+
+    def add(self, run: Run) -> None:
+        self._live[run.run_id] = run
+
+    def claim(self, run_id: str, scope: Scope) -> Run:
+        """The suspended run a `wait` resumes, marked resuming (`RunTable.claim`; a
+        ``RunLookupError`` in the spec's words if it cannot)."""
+        return self._runs.claim(run_id, scope)
+
+    def telemetry(self, started: float, step: Step | None, run: Run | None = None) -> Telemetry:
+        view = run.dispatcher.view if run is not None else self._catalog()
+        counts = Counts()
+        if run is not None and step is not None:
+            counts = run.counts
+            counts.add(step)
+        return Telemetry(
+            duration_ms=(time.perf_counter() - started) * 1000.0,
+            tool_calls=counts.tool_calls,
+            searches=counts.searches,
+            describes=counts.describes,
+            memory_bytes=step.memory_bytes if step else 0,
+            catalog_size=len(view.tools),
+            catalog_sources=dict(view.counts),
+            model_visible_tools=[*MODEL_VISIBLE_TOOLS, *view.direct],
+        )
+
+    def finish(self, run: Run, step: Step, started: float, kind: str) -> Result:
+        """Files a suspended run or retires a finished one; builds the spec's result."""
+        telemetry = self.telemetry(started, step, run)
+        result = self._result(run, step, telemetry)
+        self._trace.add(
+            TraceEvent(
+                kind=kind,
+                id=run.dispatcher.parent,
+                session_id=run.dispatcher.session_id,
+                at=Trace.now(),
+                duration_ms=telemetry.duration_ms,
+                status="waiting" if isinstance(result, Waiting) else result.__struct_config__.tag,  # type: ignore[arg-type]
+                run_id=run.run_id,
+            )
+        )
+        return result
+
+    def _shown(self, run: Run, step: Step) -> tuple[list[Output], Any]:
+        """The outputs and value a result shows: with a text budget, cut to it
+        (`outcomes.cut_to_budget`), the full texts of the cuts kept for the run's session."""
+        output = outputs_of(step.outputs)
+        if run.output_chars is None:
+            return output, step.value
+        value = step.value if step.status == "completed" else None
+        return cut_to_budget(output, value, run.output_chars, functools.partial(self._outputs.keep, run.scope[0]))
+
+    def _result(self, run: Run, step: Step, telemetry: Telemetry) -> Result:
+        output, value = self._shown(run, step)
+        if step.status == "suspended":
+            overrun = run.snapshot_overrun(self._config.max_snapshot_bytes)
+            if overrun is not None:
+                self.retire(run)
+                return Failed(error=overrun, code="snapshot_limit_exceeded", telemetry=telemetry, output=output)
+            refused = self._runs.suspend(run)
+            if refused is not None:
+                self.retire(run)
+                return Failed(error=refused, code="invalid_input", telemetry=telemetry, output=output)
+            self._start_sweeper()
+            waiting = Waiting(
+                run_id=run.run_id,
+                reason=step.reason,
+                telemetry=telemetry,
+                pending_tool_calls=run.pending_calls(),
+                output=output,
+                replay_safe=run.journal.restart_safe,
+            )
+            return waiting
+        self.retire(run)
+        if step.status == "completed":
+            if step.store_writes is not None and run.store_key is not None:
+                try:
+                    self._stored.commit(run.store_key, step.store_writes)
+                except StoreLimitError as e:  # the cell's own doing: it stored too much
+                    return Failed(error=f"store commit refused: {e}", code="invalid_input", telemetry=telemetry)
+                except StoreError as e:
+                    return Failed(error=f"store commit failed: {e}", code="internal_error", telemetry=telemetry)
+            return Completed(value=value, telemetry=telemetry, output=output)
+        error, code_ = failure_text(step.failure, output, run.journal.limits.max_output_bytes)
+        return Failed(error=error, code=code_, telemetry=telemetry, output=output)
+
+    def file_imported(self, run: Run) -> None:
+        """Files a run imported from a journal as suspended (`CodemodeError` if the table
+        refuses it)."""
+        refused = self._runs.suspend(run)
+        if refused is not None:
+            raise CodemodeError(refused)
+        self._live[run.run_id] = run
+
+    def retire(self, run: Run) -> None:
+        """A run is over (or abandoned): leave the table, free its runtime, cancel its tools."""
+        self._runs.remove(run)
+        self._end_run(run)
+
+    def sweep(self) -> None:
+        for run in self._runs.expired():
+            self._end_run(run)
+
+    def _end_run(self, run: Run) -> None:
+        """Frees what a run out of the table still holds: its runtime, its tools, its approvals."""
+        self._live.pop(run.run_id, None)
+        self._supervisor.drop(run)
+        run.dispatcher.close()
+        run.dispatcher.approvals.clear()
+
+    def _start_sweeper(self) -> None:
+        """Expires suspended runs on time even when nobody calls (their tool tasks get cancelled)."""
+        if self._sweeper is not None:
+            return
+        interval = min(1.0, self._config.snapshot_ttl_seconds / 2)
+
+        def loop() -> None:
+            while not self._sweep_stop.wait(interval):
+                self.sweep()
+
+        self._sweeper = threading.Thread(target=loop, name="codemode-sweeper", daemon=True)
+        self._sweeper.start()
+
+    def approve(self, scope: Scope, run_id: str, call_id: str | int, ok: bool, reason: str | None) -> None:
+        """`CodeMode.approve`."""
+        run = self._live.get(run_id) if isinstance(run_id, str) else None
+        if run is None or run.aborted:
+            raise ApprovalError(UNAVAILABLE)
+        if run.scope != scope:
+            raise ApprovalError(FOREIGN)
+        number = call_number(call_id)
+        if number is None:
+            raise ApprovalError(f"a call id is `call_<n>`, as pendingToolCalls names it, not {call_id!r}")
+        if not isinstance(ok, bool):
+            raise ApprovalError("`ok` must be a bool: True approves the call, False rejects it")
+        text = "" if reason is None else catalog.bounded_text(str(reason), MAX_REASON_CHARS)
+        run.dispatcher.approvals.decide(number, ok, text)
+        self._supervisor.release_decided(run)
+
+    def pending_approvals(self, session_id: str | None) -> list[ApprovalRequest]:
+        """`CodeMode.pending_approvals`."""
+        requests: list[ApprovalRequest] = []
+        for run in list(self._live.values()):
+            if session_id is not None and run.scope[0] != session_id:
+                continue
+            if run.dispatcher.approvals and not run.aborted:
+                requests.extend(run.dispatcher.approvals.requests(run.scope[0], run.scope[1], run.run_id))
+        return requests
+
+    def cancel(self, scope: Scope, run_id: str) -> bool:
+        """`CodeMode.cancel`."""
+        try:
+            run = self._runs.abort(run_id, scope)
+        except RunLookupError:
+            return False
+        if run is not None:
+            self.retire(run)
+        return True
+
+    def suspended(self, session_id: str | None = None) -> list[Run]:
+        """The suspended runs, of every session or of one (any of its agent runs)."""
+        return [r for r in self._runs.all() if session_id is None or r.scope[0] == session_id]
+
+    def close_session(self, scope: Scope) -> None:
+        """`Session.close`: aborts every suspended run of ``scope`` and forgets the full texts of
+        its session id's cut outputs (those of every agent run)."""
+        for run in self._runs.of_scope(scope):
+            self.cancel(scope, run.run_id)
+        self._outputs.drop(scope[0])
+
+    def export(self, run_id: str) -> bytes:
+        """`CodeMode.export_run`."""
+        for run in self._runs.all():
+            if run.run_id == run_id:
+                return run.journal.encode()
+        raise CodemodeError(f"no suspended run {run_id!r}")
+
+    def close(self) -> None:
+        """Stops the sweeper and closes every suspended run's tools (the workers go with the
+        supervisor)."""
+        self._sweep_stop.set()
+        for run in self._runs.drain():
+            run.dispatcher.close()
+        self._live.clear()

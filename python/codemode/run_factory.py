@@ -1,0 +1,207 @@
+"""Making a run: its journal, its dispatcher, and the catalog configuration its worker gets.
+
+A run is born from a checked ``exec`` (`cells.CellArgs`) or from a journal another process
+exported (``import_run``: restart-safe runs only, and nothing in the bytes is trusted). Either
+way it gets this ``CodeMode``'s own limits, a dispatcher over the catalog the policy allows now,
+and the namespaces and stored values of its session::
+
+    CellArgs ──new_run──> Journal (seed, limits, source, run setup: namespaces + store snapshot)
+                      └─> Dispatcher (catalog view, gate, outputs, approvals, MCP ops) ──> Run
+    bytes ──imported──> Journal.decode ──checks (cells.journal_problem)──> Run + calls to redo
+    configuration() ──> Configure (limits, catalog JSON, fingerprint, semantic pack), cached
+                        per catalog fingerprint: what a worker needs before it starts a run
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from . import _engine, semantic, tracing
+from .approvals import Approvals
+from .cells import CellArgs, journal_problem
+from .config import BOUNDS, CodeModeConfig
+from .errors import CodemodeError
+from .mcp_listing import McpListing
+from .namespaces import Namespaces
+from .outputs import OutputStore
+from .protocol import Configure, EngineLimits
+from .runs import Journal, Run, fixed_clock_start, new_run_id
+from .stored_values import StoredValues
+from .tools import BackgroundLoop, CatalogView, Dispatcher, Gate
+
+if TYPE_CHECKING:
+    from .session import Session
+
+__all__ = ["RunFactory"]
+
+#: A call an imported run redoes here: ``(call id, tool id, input JSON)``.
+Redo = tuple[int, str, str]
+
+
+class RunFactory:
+    """Builds the runs of one ``CodeMode`` from its parts (``catalog`` gives the catalog a run
+    would get now: the policy can change between runs)."""
+
+    def __init__(
+        self,
+        config: CodeModeConfig,
+        catalog: Callable[[], CatalogView],
+        namespaces: Namespaces,
+        stored: StoredValues,
+        outputs: OutputStore,
+        gate: Gate,
+        mcp: McpListing,
+        loop: BackgroundLoop,
+        call_ids: itertools.count[int],
+    ) -> None:
+        self._config = config
+        self._catalog = catalog
+        self._namespaces = namespaces
+        self._stored = stored
+        self._outputs = outputs
+        self._gate = gate
+        self._mcp = mcp
+        self._loop = loop
+        self._call_ids = call_ids
+        self._configure: Configure | None = None
+        self._configure_lock = threading.Lock()
+
+    def configuration(self) -> tuple[Configure, CatalogView]:
+        """The catalog a run would get now, and what a worker needs to run against it."""
+        view = self._catalog()
+        with self._configure_lock:
+            current = self._configure
+            if current is None or current.fingerprint != view.fingerprint:
+                c = self._config
+                limits = EngineLimits(
+                    c.memory_limit_bytes,
+                    c.max_output_bytes,
+                    c.max_pending_tool_calls,
+                    c.search_default_limit,
+                    c.max_search_limit,
+                )
+                pack = semantic.worker_pack(view.counts)
+                current = self._configure = Configure(limits, view.catalog_json, view.fingerprint, pack)
+            return current, view
+
+    def configure_for(self, run: Run) -> Configure:
+        """What a replay of ``run`` needs: the catalog it started with (its dispatcher's view)."""
+        view = run.dispatcher.view
+        return Configure(run.journal.limits, view.catalog_json, view.fingerprint, semantic.worker_pack(view.counts))
+
+    def next_parent(self, kind: str) -> str:
+        """The trace id of the next ``exec``/``wait``/``call`` (one numbering for all three)."""
+        return f"{kind}_{next(self._call_ids)}"
+
+    def new_run(
+        self,
+        session: Session,
+        checked: CellArgs,
+        loop: Callable[[], asyncio.AbstractEventLoop],
+        min_timeout_ms: int,
+        seed: int | None = None,
+    ) -> tuple[Run, Configure]:
+        """A run of ``session`` for a checked ``exec``, with its tools' calls run on ``loop``."""
+        code, language, restart_safe, options = checked
+        session_id, scope = session.session_id, session.scope
+        # A pragma may only lower what the operator's config allows, never raise it.
+        timeout_ms = self._config.timeout_ms
+        low, high = BOUNDS["timeout_ms"]
+        if options.timeout_ms is not None:
+            timeout_ms = min(max(options.timeout_ms, low), timeout_ms)
+        timeout_ms = min(max(timeout_ms, min_timeout_ms), high)
+        configure, view = self.configuration()
+        run_id = new_run_id()
+        namespaces, namespace_calls = self._namespaces.build(
+            view.tools, session_id=session_id, agent_run=session.agent_run, run_id=run_id
+        )
+        run_setup: dict[str, Any] = {}
+        if namespaces:
+            run_setup["namespaces"] = namespaces
+        stored = self._stored.snapshot(session_id, session.branch)
+        if stored:
+            run_setup["store"] = stored
+        journal = Journal(
+            engine_version=_engine.__version__,
+            prelude_hash=_engine.PRELUDE_HASH,
+            catalog_fingerprint=configure.fingerprint,
+            limits=configure.limits,
+            language=language,
+            source=code,
+            seed=random.getrandbits(63) if seed is None else seed,
+            run_json=msgspec.json.encode(run_setup).decode() if run_setup else "{}",
+            clock_start=None if seed is None else fixed_clock_start(seed),
+            restart_safe=restart_safe,
+            session_id=session_id,
+            agent_run=session.agent_run,
+        )
+        dispatcher = Dispatcher(
+            view,
+            loop,
+            outputs=self._outputs,
+            session_id=session_id,
+            gate=self._gate,
+            read_only=restart_safe,
+            namespace_calls=namespace_calls,
+            mcp_ops=self._mcp.op if self._mcp.servers is not None else None,
+            approvals=Approvals(journal.approvals),
+            run_id=run_id,
+            agent_run=session.agent_run,
+        )
+        run = Run(scope, journal, dispatcher, run_id)
+        run.store_key = (session_id, session.branch)
+        dispatcher.parent = self.next_parent("exec")
+        dispatcher.span = tracing.run_span(run_id)
+        if options.max_output_tokens is not None:
+            run.output_chars = min(options.max_output_tokens * 4, self._config.max_output_bytes)
+        run.timeout_ms = timeout_ms
+        return run, configure
+
+    def imported(self, data: bytes, session_id: str) -> tuple[Run, list[Redo]]:
+        """A suspended run of ``session_id`` from a journal exported elsewhere (`CodeMode.import_run`),
+        and its open calls to redo here; ``CodemodeError`` says why the bytes are refused."""
+        try:
+            journal = Journal.decode(data)
+        except (msgspec.DecodeError, RecursionError, MemoryError) as e:
+            raise CodemodeError(f"not a code mode journal: {e}") from None
+        if not journal.restart_safe:
+            raise CodemodeError("only restartSafe runs can resume in another process")
+        if journal.prelude_hash != _engine.PRELUDE_HASH:
+            raise CodemodeError("this journal was written by a different code mode engine")
+        configure, view = self.configuration()
+        if view.fingerprint != journal.catalog_fingerprint:
+            raise CodemodeError("this journal was written against a different tool catalog")
+        problem = journal_problem(journal, self._config)
+        if problem is not None:
+            raise CodemodeError(f"refused journal: {problem}")
+        journal.limits = configure.limits
+        run_id = new_run_id()
+        _, namespace_calls = self._namespaces.build(view.tools, session_id=session_id, agent_run=None, run_id=run_id)
+        dispatcher = Dispatcher(
+            view,
+            self._loop.get,
+            outputs=self._outputs,
+            session_id=session_id,
+            gate=self._gate,
+            read_only=True,
+            namespace_calls=namespace_calls,
+            run_id=run_id,
+        )
+        run = Run((session_id, None), journal, dispatcher, run_id)
+        run.timeout_ms = self._config.timeout_ms
+        journal.session_id, journal.agent_run = session_id, None
+        settled = journal.settled_ids()
+        redo = [
+            (c.id, c.tool, journal.open_inputs[c.id])
+            for c in journal.calls
+            if c.id not in settled and c.id in journal.open_inputs
+        ]
+        run.yields.extend(c.id for c in journal.calls if c.id not in settled and c.tool == _engine.YIELD_TOOL)
+        return run, redo
