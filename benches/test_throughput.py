@@ -194,7 +194,7 @@ def test_1000_parked_runs_host_and_worker_rss(benchmark, loop):
         for _ in range(4):
             assert loop.run_until_complete(session.exec_async({"code": "return 1"}))["value"] == 1
         idle_host = rss_kib()
-        idle_workers = sum(rss_kib(pid) for pid in cm._supervisor.worker_pids())
+        idle_workers = sum(rss_kib(pid) for pid in cm.inspect().worker_pids)
         samples: list[dict[str, Any]] = []
 
         async def batch() -> list[dict[str, Any]]:
@@ -204,7 +204,7 @@ def test_1000_parked_runs_host_and_worker_rss(benchmark, loop):
                 for i in range(parked)
             ]
             await until(lambda: state["entered"] == parked, f"all {parked} runs parked on their tool")
-            workers = {pid: rss_kib(pid) for pid in cm._supervisor.worker_pids()}
+            workers = {pid: rss_kib(pid) for pid in cm.inspect().worker_pids}
             samples.append({"host_rss_kib": rss_kib(), "worker_rss_kib": workers})
             state["gate"].set()
             return await asyncio.gather(*runs)

@@ -301,7 +301,7 @@ def test_the_journal_records_the_decision(gated):
 
 
 def kill_workers(cm: CodeMode) -> None:
-    for pid in cm._supervisor.worker_pids():
+    for pid in cm.inspect().worker_pids:
         os.kill(pid, signal.SIGKILL)
 
 

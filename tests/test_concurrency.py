@@ -37,7 +37,7 @@ async def until(
 
 
 def only_worker_pid(cm: CodeMode) -> int:
-    pids = cm._supervisor.worker_pids()
+    pids = cm.inspect().worker_pids
     assert len(pids) == 1, pids
     return pids[0]
 
@@ -170,7 +170,7 @@ def test_sigkill_of_the_worker_holding_30_parked_runs_loses_none_and_calls_each_
     assert not_completed(results) == []
     assert [r["value"] for r in results] == [i * 2 for i in range(30)]
     assert calls == {i: 1 for i in range(30)}
-    assert pid not in cm._supervisor.worker_pids()
+    assert pid not in cm.inspect().worker_pids
 
 
 @pytest.mark.timeout(90)
@@ -397,7 +397,7 @@ def test_close_ends_a_wait_whose_run_waits_for_a_replay():
     session = cm.session("s")
     first = session.exec({"code": '// @options: {"timeout_ms": 1500}\nreturn await tools.never({})'})
     assert first["status"] == "waiting", first
-    os.kill(cm._supervisor.worker_pids()[0], signal.SIGKILL)
+    os.kill(cm.inspect().worker_pids[0], signal.SIGKILL)
     results: list[dict[str, Any]] = []
     waiter = threading.Thread(target=lambda: results.append(session.wait({"runId": first["runId"]})))
     waiter.start()

@@ -78,10 +78,10 @@ HUGE_ARRAY_LIKES = {
 
 @pytest.mark.parametrize("code", HUGE_ARRAY_LIKES.values(), ids=HUGE_ARRAY_LIKES.keys())
 def test_huge_array_like_builtin_is_killed_by_supervisor(hcm, hs, code):
-    killed = hcm._supervisor.killed
+    killed = hcm.inspect().workers_killed
     result = run(hs, code)
     assert_failed(result, "timeout")
-    assert hcm._supervisor.killed > killed
+    assert hcm.inspect().workers_killed > killed
 
 
 @pytest.mark.parametrize("code", HUGE_ARRAY_LIKES.values(), ids=HUGE_ARRAY_LIKES.keys())
@@ -242,7 +242,7 @@ def _add_killer(cm) -> list[int]:
 
     @cm.tool
     def kill_workers() -> int:
-        pids = cm._supervisor.worker_pids()
+        pids = cm.inspect().worker_pids
         calls.append(len(pids))
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
@@ -272,7 +272,7 @@ def test_a_run_whose_worker_is_killed_each_time_it_runs_fails_with_runtime_unava
 
     def killer() -> None:
         while not stop.is_set():
-            for pid in cm._supervisor.worker_pids():
+            for pid in cm.inspect().worker_pids:
                 if pid not in killed and _running_cell(pid):
                     killed.append(pid)
                     os.kill(pid, signal.SIGKILL)
@@ -322,7 +322,7 @@ def test_idle_worker_killed_from_outside_does_not_fail_next_exec(make_codemode, 
     cm = make_codemode({"workers": 1, "timeoutMs": 5000})
     session = cm.session()
     assert_recovers(session)
-    for pid in cm._supervisor.worker_pids():
+    for pid in cm.inspect().worker_pids:
         os.kill(pid, signal.SIGKILL)
         _wait_dead(pid)
     assert_recovers(session)
@@ -389,7 +389,7 @@ def test_hostile_values_in_a_report_discard_the_worker(monkeypatch, change) -> N
         assert result["status"] == "failed", result
         assert result["code"] == "internal_error"
         assert "worker sent a value" in result["error"]
-        assert cm._supervisor.killed == 1
+        assert cm.inspect().workers_killed == 1
         assert session.exec({"code": "return 2"})["value"] == 2
 
 
@@ -457,7 +457,7 @@ def test_a_worker_flooding_the_host_with_calls_is_discarded(monkeypatch) -> None
         assert (result["status"], result["code"]) == ("failed", "internal_error"), result
         assert "maxPendingToolCalls" in result["error"]
         assert ran == []
-        assert cm._supervisor.killed == 1
+        assert cm.inspect().workers_killed == 1
         assert session.exec({"code": "return await tools.count({x: 2})"})["value"] == 2
 
 
@@ -473,7 +473,7 @@ def test_workers_that_cannot_start_fail_each_run_with_runtime_unavailable(monkey
             raise OSError(2, "No such file or directory", "python")
 
         monkeypatch.setattr(supervisor.WorkerProcess, "__init__", cannot_start)
-        for pid in cm._supervisor.worker_pids():
+        for pid in cm.inspect().worker_pids:
             os.kill(pid, signal.SIGKILL)
         time.sleep(0.1)
         for _ in range(2):
@@ -530,6 +530,6 @@ def test_a_hostile_report_mid_run_starts_no_call(monkeypatch, change, message) -
         assert message in result["error"]
         time.sleep(0.05)
         assert ran == [0, 1]
-        assert cm._supervisor.killed == 1
+        assert cm.inspect().workers_killed == 1
         pending[0] = -100
         assert session.exec({"code": "return await tools.later({x: 7})"})["value"] == 7

@@ -185,8 +185,8 @@ def test_worker_sigkilled_while_parked_on_an_mcp_call_is_replayed_and_completes(
     cm = mcp_codemode(make_codemode, timeout_ms)
     calls = McpCalls(cm, monkeypatch)
     session = cm.session("mcp")
-    pid = cm._supervisor.worker_pids()[0]
-    killed = cm._supervisor.killed
+    pid = cm.inspect().worker_pids[0]
+    killed = cm.inspect().workers_killed
     started = calls.started("trigger-long-running-operation")
     killer = threading.Thread(target=lambda: started.wait(10) and os.kill(pid, signal.SIGKILL))
     killer.start()
@@ -214,8 +214,8 @@ def test_worker_sigkilled_while_parked_on_an_mcp_call_is_replayed_and_completes(
         assert [c["toolId"] for c in first["pendingToolCalls"]] == [LONG_OP]
     assert first["output"] == [{"type": "text", "text": "before"}]  # once: not again on the replay
     assert calls.names == ["get-sum"] * 3 + ["trigger-long-running-operation"]
-    assert pid not in cm._supervisor.worker_pids()
-    assert cm._supervisor.killed == killed + 1
+    assert pid not in cm.inspect().worker_pids
+    assert cm.inspect().workers_killed == killed + 1
     for i in range(3):
         result = session.exec({"code": f"return await MCP.everything.getSum({{a: {i}, b: 1}})"})
         assert sum_text(result["value"]) == i + 1
@@ -224,7 +224,7 @@ def test_worker_sigkilled_while_parked_on_an_mcp_call_is_replayed_and_completes(
 def test_guest_spinning_after_an_mcp_result_is_killed_at_deadline_plus_grace(make_codemode):
     cm = mcp_codemode(make_codemode, 300)
     session = cm.session("mcp")
-    killed = cm._supervisor.killed
+    killed = cm.inspect().workers_killed
     code = """
         for (let i = 0; i < 3; i++) await MCP.everything.getSum({a: i, b: 1});
         Array.prototype.reverse.call({length: 2 ** 32 - 1});  // never polls the engine's interrupt
@@ -232,7 +232,7 @@ def test_guest_spinning_after_an_mcp_result_is_killed_at_deadline_plus_grace(mak
     """
     result = session.exec({"code": code})
     assert (result["status"], result["code"]) == ("failed", "timeout"), result
-    assert cm._supervisor.killed == killed + 1
+    assert cm.inspect().workers_killed == killed + 1
     assert sum_text(session.exec({"code": "return await MCP.everything.getSum({a: 1, b: 1})"})["value"]) == 2
 
 
@@ -334,12 +334,12 @@ def test_a_worker_that_stops_reading_while_the_host_writes_to_it_is_killed(make_
 
     @cm.tool
     def stop_sync() -> str:
-        os.kill(cm._supervisor.worker_pids()[0], signal.SIGSTOP)
+        os.kill(cm.inspect().worker_pids[0], signal.SIGSTOP)
         return big
 
     @cm.tool
     async def stop_async() -> str:
-        os.kill(cm._supervisor.worker_pids()[0], signal.SIGSTOP)
+        os.kill(cm.inspect().worker_pids[0], signal.SIGSTOP)
         return big
 
     @cm.tool
@@ -353,5 +353,5 @@ def test_a_worker_that_stops_reading_while_the_host_writes_to_it_is_killed(make_
     elapsed = time.monotonic() - started
     assert (result["status"], result.get("code")) == ("failed", "timeout"), result
     assert elapsed < 0.3 + 3 * supervisor.KILL_GRACE_S + 0.5
-    assert cm._supervisor.killed == 1
+    assert cm.inspect().workers_killed == 1
     assert s.exec({"code": "return await tools.later({x: 42})"})["value"] == 42

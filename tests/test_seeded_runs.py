@@ -73,7 +73,7 @@ def test_a_seeded_run_replayed_after_its_worker_died_reads_the_same_dates(cm):
         session = cm.session("seeded-replay")
         waiting = await session.exec_async({"code": '// @options: {"timeout_ms": 100}\n' + code}, seed=11)
         assert waiting["status"] == "waiting"
-        for pid in cm._supervisor.worker_pids():
+        for pid in cm.inspect().worker_pids:
             os.kill(pid, signal.SIGKILL)
         await asyncio.sleep(0.4)  # the tool has answered; the run's runtime is gone
         result = await session.wait_async({"runId": waiting["runId"]})

@@ -268,7 +268,7 @@ def test_worker_killed_with_three_suspended_runs_all_complete_by_replay(make_cod
     )
     waiting = [exec_(s, code % i) for i in (1, 2, 3)]
     assert all(w["status"] == "waiting" for w in waiting)
-    for pid in cm._supervisor.worker_pids():
+    for pid in cm.inspect().worker_pids:
         os.kill(pid, signal.SIGKILL)
     gate.open()
     done = [s.wait({"runId": w["runId"]}) for w in waiting]
@@ -287,7 +287,7 @@ def test_replay_that_diverges_from_the_journal_fails(make_codemode, gate):
     (run,) = cm._live.suspended()  # (a journal corrupted in place: internals)
     call_id, ok, _ = run.journal.batches[0][0]
     run.journal.batches[0][0] = (call_id, ok, "2")  # the recorded result no longer matches
-    for pid in cm._supervisor.worker_pids():
+    for pid in cm.inspect().worker_pids:
         os.kill(pid, signal.SIGKILL)
     gate.open()
     result = s.wait({"runId": first["runId"]})
@@ -393,7 +393,7 @@ def test_exec_queued_behind_a_long_cell_keeps_its_whole_budget(gate: Gate) -> No
         assert result["status"] == "completed", result
         assert result["value"] == 7
         assert busy[0]["status"] == "completed", busy
-        assert cm._supervisor.killed == 0
+        assert cm.inspect().workers_killed == 0
 
 
 def test_wait_whose_resident_worker_is_busy_keeps_its_whole_budget(gate: Gate) -> None:
@@ -408,7 +408,7 @@ def test_wait_whose_resident_worker_is_busy_keeps_its_whole_budget(gate: Gate) -
         assert result["status"] == "completed", result
         assert result["value"] == 3
         assert busy[0]["status"] == "completed", busy
-        assert cm._supervisor.killed == 0
+        assert cm.inspect().workers_killed == 0
 
 
 def test_results_arriving_at_the_deadline_still_get_time_to_be_used(gate: Gate) -> None:
@@ -475,7 +475,7 @@ def test_worker_killed_while_parked_on_an_async_tool_is_replayed_and_completes()
 
         session = cm.session("s")
         killer = threading.Thread(
-            target=lambda: started.wait(5) and os.kill(cm._supervisor.worker_pids()[0], signal.SIGKILL)
+            target=lambda: started.wait(5) and os.kill(cm.inspect().worker_pids[0], signal.SIGKILL)
         )
         killer.start()
         result = session.exec({"code": "text('before'); const v = await tools.late({x: 1}); return v + 1"})
@@ -508,12 +508,16 @@ def test_a_cell_that_keeps_calling_tools_still_times_out(gate: Gate, tool: str) 
 # ---- advancing: a result that lands while the run is suspended is settled at once -----------
 
 
+def _progress(cm: CodeMode, run_id: str) -> str | None:
+    state = cm.inspect().run(run_id)
+    return None if state is None else state.progress
+
+
 def _advanced(cm: CodeMode, run_id: str, status: str) -> Any:
     """The suspended run, once an advance has taken it to ``status`` (``parked``: on to its
     next report, which parks it on held calls, or a yield's ``suspended``)."""
-    (run,) = [r for r in cm._live.suspended() if r.run_id == run_id]
-    progress = cm._supervisor.progress
-    wait_until(lambda: progress(run) == status and (status != "parked" or run.step.reports), "run advanced")
+    (run,) = [r for r in cm._live.suspended() if r.run_id == run_id]  # (its step's reports: internals)
+    wait_until(lambda: _progress(cm, run_id) == status and (status != "parked" or run.step.reports), "run advanced")
     return run
 
 
@@ -524,7 +528,7 @@ def _advanced_then_killed(cm: CodeMode, gate: Gate, session: Any, code: str) -> 
     first = exec_(session, code)
     gate.open()
     _advanced(cm, first["runId"], "parked")
-    for pid in cm._supervisor.worker_pids():
+    for pid in cm.inspect().worker_pids:
         os.kill(pid, signal.SIGKILL)
     return first
 
@@ -710,7 +714,7 @@ def test_a_replay_that_fails_after_an_advance_fails_the_wait(wcm, gate, recorded
         raise OSError("no more processes")
 
     monkeypatch.setattr(supervisor, "WorkerProcess", cannot_start)  # no replacement for the kill
-    pids = wcm._supervisor.worker_pids()
+    pids = wcm.inspect().worker_pids
     first = _advanced_then_killed(wcm, gate, s, "const v = await tools.slow({n: 1}); return await tools.record({x: v})")
     wait_until(lambda: all(_exited(pid) for pid in pids), "the worker is gone")
     result = s.wait({"runId": first["runId"]})
@@ -722,8 +726,8 @@ def test_cancel_does_not_wait_for_a_running_advance(wcm, gate):
     s = wcm.session()
     first = exec_(s, "await tools.slow({n: 1}); const t = Date.now(); while (Date.now() - t < 5000) {}")
     gate.open()
-    (run,) = wcm._live.suspended()
-    wait_until(lambda: wcm._supervisor.progress(run) == "running", "the run is advancing")
+    (run,) = wcm._live.suspended()  # (whether it still holds a lane: internals)
+    wait_until(lambda: _progress(wcm, first["runId"]) == "running", "the run is advancing")
     started = time.monotonic()
     assert s.cancel(first["runId"]) is True
     assert time.monotonic() - started < 0.1

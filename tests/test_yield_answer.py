@@ -85,7 +85,7 @@ def test_an_answered_yield_is_replayed_from_the_journal_after_a_worker_kill(cm):
     assert [(ok, payload) for batch in run.journal.batches for _, ok, payload in batch] == [
         (True, '{"deep":["answer"]}')
     ]
-    for pid in cm._supervisor.worker_pids():
+    for pid in cm.inspect().worker_pids:
         os.kill(pid, signal.SIGKILL)
     gate.set()
     done = s.wait({"runId": run_id})

@@ -17,6 +17,7 @@ from . import tracing
 from .approvals import ApprovalRequest
 from .config import CodeModeConfig, load_config
 from .errors import ClosedError
+from .inspection import Inspection, snapshot
 from .live_runs import LiveRuns
 from .mcp_listing import McpListing
 from .model_surface import MODEL_VISIBLE_TOOLS, ModelSurface
@@ -335,6 +336,14 @@ class CodeMode:
     def suspended_runs(self, session_id: str | None = None) -> list[str]:
         """Ids of the suspended runs, of every session or of one (any of its agent runs)."""
         return [r.run_id for r in self._live.suspended(session_id)]
+
+    def inspect(self) -> Inspection:
+        """A read-only snapshot of this ``CodeMode`` now (`codemode.inspection`): the live worker
+        processes' pids, how many workers were spawned and how many the deadline backstop
+        SIGKILLed, and each suspended run with its session and its progress (``running``,
+        ``parked``, or how an advance ended it). For tests and dashboards; nothing in it is
+        live, and reading it changes nothing."""
+        return snapshot(self._supervisor, self._live.suspended())
 
     def export_run(self, run_id: str) -> bytes:
         """The run's journal as bytes; ``import_run`` in another process resumes it."""

@@ -128,7 +128,7 @@ def test_cell(cell: Cell, pool: dict[str, CodeMode]) -> None:
     try:
         cm = codemode_for(cell, pool, own)
         session = cm.session("hostile-" + cell.name)
-        killed = cm._supervisor.killed
+        killed = cm.inspect().workers_killed
         result = session.exec({"code": cell.code})
         if result["status"] == "waiting":
             session.cancel(result["runId"])
@@ -143,7 +143,7 @@ def test_cell(cell: Cell, pool: dict[str, CodeMode]) -> None:
             assert result["value"] == cell.expect_value, result
         if not cell.isolated:
             # A shared pool must never lose a worker to a cell; those cells are marked isolated.
-            assert cm._supervisor.killed == killed, "cell killed a worker of the shared pool"
+            assert cm.inspect().workers_killed == killed, "cell killed a worker of the shared pool"
         after = session.exec({"code": RECOVERY})
         assert after["status"] == "completed", after
         assert after["value"] == 42

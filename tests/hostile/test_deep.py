@@ -46,14 +46,14 @@ def session(cm: CodeMode) -> Session:
 def same_worker(cm: CodeMode, session: Session) -> Iterator[None]:
     """The test's cells must not cost the pool its worker: same pid, nothing killed, and the
     next cell completes."""
-    supervisor = cm._supervisor
     assert session.exec({"code": "return 1"})["status"] == "completed"
-    pids, killed = supervisor.worker_pids(), supervisor.killed
+    before = cm.inspect()
     yield
     after = session.exec({"code": "return 40 + 2"})
     assert (after["status"], after.get("value")) == ("completed", 42), after
-    assert supervisor.killed == killed, "a worker was killed"
-    assert supervisor.worker_pids() == pids, "the worker was replaced"
+    now = cm.inspect()
+    assert now.workers_killed == before.workers_killed, "a worker was killed"
+    assert now.worker_pids == before.worker_pids, "the worker was replaced"
 
 
 def run(session: Session, code: str, language: str = "javascript") -> dict[str, Any]:
@@ -217,11 +217,11 @@ def test_a_busy_wait_on_the_clock_journals_runs_and_completes(make_codemode: Cal
     reading per read made a 120 MB report, then a RangeError), so the cell just completes,
     on the same worker, and a replay of it serves the same readings."""
     cm = make_codemode({"workers": 1, "timeoutMs": 10_000})
-    pids = cm._supervisor.worker_pids()
+    pids = cm.inspect().worker_pids
     code = "const t = Date.now(); let n = 0; while (Date.now() - t < 2000) n++; return [n > 10000, Number.isInteger(t)]"
     result = run(cm.session(), code)
     assert (result["status"], result.get("value")) == ("completed", [True, True]), result
-    assert cm._supervisor.worker_pids() == pids
+    assert cm.inspect().worker_pids == pids
 
 
 def test_tool_inputs_held_for_the_host_count_against_the_memory_limit(
@@ -235,7 +235,7 @@ def test_tool_inputs_held_for_the_host_count_against_the_memory_limit(
 
     session = cm.session("held")
     assert session.exec({"code": "return 1"})["status"] == "completed"
-    pids, killed = cm._supervisor.worker_pids(), cm._supervisor.killed
+    pids, killed = cm.inspect().worker_pids, cm.inspect().workers_killed
     # Each input is a fresh 8 MB string: the QuickJS heap stays small, the engine would hold
     # 16 x 8 MB (the issue's +172 MiB under 48 MiB).
     code = (
@@ -250,4 +250,4 @@ def test_tool_inputs_held_for_the_host_count_against_the_memory_limit(
     assert f"{48 * MiB} bytes" in result["error"]
     after = session.exec({"code": "return 40 + 2"})
     assert (after["status"], after.get("value")) == ("completed", 42), after
-    assert (cm._supervisor.worker_pids(), cm._supervisor.killed) == (pids, killed)
+    assert (cm.inspect().worker_pids, cm.inspect().workers_killed) == (pids, killed)

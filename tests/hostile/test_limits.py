@@ -70,12 +70,12 @@ def test_options_pragma_cannot_raise_the_output_budget(make_codemode):
 # ---- item 5: an oversized source never reaches a worker ----------------------------------------
 def test_a_source_over_the_cap_is_invalid_input_before_any_worker(make_codemode):
     cm = make_codemode({"workers": 1})
-    pids = cm._supervisor.worker_pids()
+    pids = cm.inspect().worker_pids
     for size in (MAX_SOURCE_CHARS + 1, 70 * MiB):
         result = exec_(cm.session(), "return 1;" + " " * (size - 9))
         assert (result["status"], result["code"]) == ("failed", "invalid_input")
         assert result["error"] == f"exec `code` is {size} characters; the limit is {MAX_SOURCE_CHARS}."
-    assert cm._supervisor.worker_pids() == pids
+    assert cm.inspect().worker_pids == pids
     at_cap = "return 1;//" + "x" * (MAX_SOURCE_CHARS - 11)
     assert exec_(cm.session(), at_cap)["value"] == 1
     recovers(cm)
@@ -122,7 +122,7 @@ def test_a_result_past_max_journal_bytes_fails_its_call_not_the_run(make_codemod
 
 def test_five_results_of_15_mib_never_make_a_settle_frame_over_its_cap(make_codemode):
     cm = make_codemode({"workers": 1, "memoryLimitBytes": 512 * MiB, "maxJournalBytes": 32 * MiB, "timeoutMs": 20000})
-    pids = cm._supervisor.worker_pids()
+    pids = cm.inspect().worker_pids
 
     @cm.tool
     async def big(n: int) -> str:
@@ -138,7 +138,7 @@ def test_five_results_of_15_mib_never_make_a_settle_frame_over_its_cap(make_code
     refused = [v for v in result["value"] if isinstance(v, str)]
     assert lengths == [15 * MiB] * 2 and len(refused) == 3, result["value"]
     assert all("maxJournalBytes" in r for r in refused)
-    assert cm._supervisor.worker_pids() == pids  # no worker died over a frame
+    assert cm.inspect().worker_pids == pids  # no worker died over a frame
     recovers(cm)
 
 
@@ -320,7 +320,7 @@ def test_a_store_over_its_total_at_commit_reports_the_store_error(make_codemode)
 )
 def test_a_value_of_too_many_arrays_fails_the_run_before_the_host_decodes_it(make_codemode, tail):
     cm = make_codemode({"workers": 1, "maxOutputBytes": 10 * MiB, "memoryLimitBytes": 256 * MiB})
-    pids = cm._supervisor.worker_pids()
+    pids = cm.inspect().worker_pids
     code = f"let a = []; for (let i = 0; i < {MAX_VALUE_CONTAINERS + 10}; i++) a.push([]); {tail}"
     result = exec_(cm.session(), code)
     if tail.startswith("store"):  # a store value has its own, smaller, limit in the guest
@@ -329,7 +329,7 @@ def test_a_value_of_too_many_arrays_fails_the_run_before_the_host_decodes_it(mak
         assert (result["status"], result["code"]) == ("failed", "output_limit_exceeded"), result
         heavy = "code mode output limit exceeded: the result is too heavy for the host: a value of"
         assert result["error"].startswith(heavy)
-    assert cm._supervisor.worker_pids() == pids  # the worker did nothing wrong
+    assert cm.inspect().worker_pids == pids  # the worker did nothing wrong
     under = f"let a = []; for (let i = 0; i < {MAX_VALUE_CONTAINERS // 2}; i++) a.push([]); return a.length"
     assert exec_(cm.session(), under)["value"] == MAX_VALUE_CONTAINERS // 2
     recovers(cm)
@@ -409,7 +409,7 @@ def test_a_replay_of_a_run_whose_inputs_passed_a_frame_reports_their_hashes(make
     code = "let t = 0; for (let i = 0; i < 9; i++) t += await tools.size({value: String(i).repeat(8 << 20)});"
     waiting = exec_(session, code + " await yield_control(); return t")
     assert waiting["status"] == "waiting", waiting
-    for pid in cm._supervisor.worker_pids():
+    for pid in cm.inspect().worker_pids:
         os.kill(pid, signal.SIGKILL)
     result = session.wait({"runId": waiting["runId"]})
     assert (result["status"], result.get("value")) == ("completed", 9 * (8 << 20)), result
