@@ -630,6 +630,18 @@ def _blocked_result(call_id: int, tool: Tool, blocked: Blocked) -> CallResult:
     return CallResult(call_id, True, _encode({"content": content, "isError": True}).decode())
 
 
+class _Target(NamedTuple):
+    """The tool a call names, as `Dispatcher._plan` finds it."""
+
+    tool_id: str
+    #: The tool id an ``MCP.*`` or namespace call resolved to (None: the call named it).
+    resolved: str | None
+    #: Its input, if decoding it was part of finding the tool (else `_UNDECODED`).
+    args: Any
+    #: An ``MCP.*`` call: it may reach MCP tools only, and other calls only other tools.
+    via_mcp: bool
+
+
 class _Plan(NamedTuple):
     """How `Dispatcher.submit` starts one call."""
 
@@ -878,13 +890,32 @@ class Dispatcher:
         self.add_ready(results)
 
     def _plan(self, call_id: int, tool_id: str, input_json: str) -> _Plan:
-        """How one call starts (nothing is started or recorded here); `submit` guards it."""
+        """How one call starts (nothing is started or recorded here); `submit` guards it. Each
+        step either answers the call at once (a `_Plan` of its error) or hands on what it found:
+        the tool an ``MCP.*`` or namespace call stands for, the catalog tool, its checked input."""
         if tool_id == OUTPUT_TOOL:  # `readOutput`: answered here, from this session's outputs
             ok, payload = read_call(self._outputs, self.session_id, input_json)
             return _Plan("readOutput", lambda: CallResult(call_id, ok, payload))
         heavy = too_heavy(input_json)
         if heavy is not None:  # weighed before it is decoded
             return self._answer(call_id, None, f"{_subject(tool_id)}: input is too heavy for the host: {heavy}")
+        target = self._unwrapped(call_id, tool_id, input_json)
+        if isinstance(target, _Plan):
+            return target
+        found = self._catalog_tool(call_id, target)
+        if isinstance(found, _Plan):
+            return found
+        tool, target = found
+        args, problem = self._checked_input(tool, target, input_json)
+        if problem is not None:
+            return self._answer(call_id, target.resolved, problem)
+        if tool.is_async or self._gate_is_async:
+            return _Plan(target.resolved, lambda: self._start_async(call_id, tool, args))
+        return _Plan(target.resolved, lambda: self._run_sync(call_id, tool, args), inline=True)
+
+    def _unwrapped(self, call_id: int, tool_id: str, input_json: str) -> _Target | _Plan:
+        """The tool an ``MCP.*`` call (then a namespace call) stands for, with its input; an
+        ``MCP.<server>.resources/prompts`` request is planned here. Another call names its own."""
         via_mcp = tool_id == MCP_TOOL
         resolved = None
         args: Any = _UNDECODED
@@ -909,8 +940,14 @@ class Dispatcher:
             except BaseException as e:  # refused, or the host's input mapper failed
                 return self._answer(call_id, None, _error_message("namespace", e))
             resolved = tool_id
+        return _Target(tool_id, resolved, args, via_mcp)
+
+    def _catalog_tool(self, call_id: int, target: _Target) -> tuple[Tool, _Target] | _Plan:
+        """The catalog tool ``target`` reaches (an exact name stands for its one id), if this
+        run may call it."""
+        tool_id, resolved = target.tool_id, target.resolved
         tool = self.view.tools.get(tool_id)
-        if tool is None and not via_mcp:
+        if tool is None and not target.via_mcp:
             # `tools.callValue("get_weather")`: an exact tool name stands for its one id.
             ids = self.view.by_name.get(tool_id, [])
             if len(ids) > 1:
@@ -918,7 +955,7 @@ class Dispatcher:
             if ids:
                 tool_id = resolved = ids[0]
                 tool = self.view.tools[tool_id]
-        if tool is None or (tool.source == "mcp") != via_mcp:
+        if tool is None or (tool.source == "mcp") != target.via_mcp:
             # Hidden, denied and absent tools answer alike: a guessed id learns nothing.
             return self._answer(call_id, resolved, unknown_tool(self.view, tool_id))
         if self._read_only and not tool.read_only:
@@ -927,22 +964,27 @@ class Dispatcher:
         if self._read_only and self.view.needs_approval(tool):
             message = f"tool {tool_id} waits for approval: a restartSafe run may only call tools that need none"
             return self._answer(call_id, resolved, message)
+        return tool, target._replace(tool_id=tool_id, resolved=resolved)
+
+    @staticmethod
+    def _checked_input(tool: Tool, target: _Target, input_json: str) -> tuple[Any, str | None]:
+        """The call's input (decoded here unless its way to the tool decoded it; an MCP tool's
+        defaults filled in), and why it is refused, if it is."""
+        tool_id, args = target.tool_id, target.args
         if args is _UNDECODED:
             try:
                 args = _decode(input_json)
             except msgspec.DecodeError:
-                return self._answer(call_id, resolved, f"tool {tool_id}: input is not valid JSON")
+                return None, f"tool {tool_id}: input is not valid JSON"
         if tool.source == "mcp":
             args, problem = with_defaults(tool.input_schema, args)
             if problem is not None:
-                return self._answer(call_id, resolved, f"invalid input for tool {tool_id}: {problem}")
+                return None, f"invalid input for tool {tool_id}: {problem}"
         if tool.check_input is not None and (tool.source == "host" or len(input_json) <= _UNTRUSTED_CHECK_CHARS):
             problem = tool.check_input(args)
             if problem is not None:
-                return self._answer(call_id, resolved, f"invalid input for tool {tool_id}: {problem}")
-        if tool.is_async or self._gate_is_async:
-            return _Plan(resolved, lambda: self._start_async(call_id, tool, args))
-        return _Plan(resolved, lambda: self._run_sync(call_id, tool, args), inline=True)
+                return None, f"invalid input for tool {tool_id}: {problem}"
+        return args, None
 
     def _gated_call(self, tool: Tool | _McpRequest) -> bool:
         """Whether a call of ``tool`` passes a hook or an approval at all."""
