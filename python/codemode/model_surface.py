@@ -98,9 +98,7 @@ class ModelSurface:
         self._host_catalog: tuple[str, Catalog] | None = None
 
     def exec_description(self, *, max_index_chars: int = 4000) -> str:
-        """The model-facing ``exec`` description: how to use the guest API, then a bounded quick
-        index of exact ids with compact input/output hints (never descriptions: catalog text is
-        untrusted and stays lazy)."""
+        """`CodeMode.exec_description`."""
         view = self._catalog()
         entries = [t.entry() for t in view.tools.values()]
         text = EXEC_PREAMBLE + "\n" + quick_index(entries, max_chars=max_index_chars)
@@ -122,13 +120,7 @@ class ModelSurface:
     def model_tools(
         self, surface: Surface = "code", *, disable_tools: bool = False, likely: str | None = None
     ) -> list[ModelTool]:
-        """The tool definitions to hand the model for ``surface`` (see ``codemode.surfaces``).
-
-        A disabled config keeps the direct surface untouched; a run with tools disabled gets no
-        tools; a run whose catalog is empty never engages code mode or tool search. For the
-        ``directory`` surface, ``likely`` (e.g. the user's message) picks a few catalog tools
-        whose full schemas are exposed directly, as the tool-search spec describes.
-        """
+        """`CodeMode.model_tools`."""
         if surface not in SURFACES:
             raise ConfigError(f"unknown surface {surface!r}; one of {', '.join(SURFACES)}")
         if disable_tools:
@@ -164,7 +156,7 @@ class ModelSurface:
         return [*control_tools(surface, self.exec_description(), directory), *likely_tools, *direct_only]
 
     def payload_telemetry(self) -> dict[str, int]:
-        """Serialized bytes of the tool definitions each surface sends the model."""
+        """`CodeMode.payload_telemetry`."""
         return {surface: payload_bytes(self.model_tools(surface)) for surface in SURFACES}
 
     def _direct_names(self, view: CatalogView) -> dict[str, str]:
@@ -221,8 +213,7 @@ class ModelSurface:
         return f"unknown tool: {shown}. Find exact ids with tool_search (then tool_describe for the input)."
 
     def call_tool(self, session_id: str, tool_id: str, args: Any) -> dict[str, Any]:
-        """Calls one catalog (or direct-only) tool from the host, through the same gate as a
-        nested call; returns ``{tool, result}`` or ``{tool, error}``."""
+        """`CodeMode.call_tool`."""
         view = self._catalog()
         registry_tool = self._registry.get(tool_id)
         if registry_tool is not None and registry_tool.direct_only and registry_tool.name in view.direct:

@@ -3,6 +3,20 @@
 ``session.exec({"code": ...})`` returns exactly the spec's JSON result; ``session.run(code)``
 returns the same thing as a typed struct; both have ``async`` twins. A guest failure is a
 ``failed`` result, never an exception.
+
+``CodeMode`` is a facade: it builds the parts once and forwards to them, each in a module named
+for what it holds, and none calls another's private methods::
+
+    Session.exec / wait / run ──> cm.runner (runner.Runner: admit, make or claim, drive)
+                                    ├─ run_factory.RunFactory   journal, dispatcher, Configure
+                                    ├─ live_runs.LiveRuns       finish, table, approvals, sweep
+                                    └─ supervisor.Supervisor    workers, deadlines, replay
+    Session.handle (structured surfaces), cm.model_tools ──> cm.model_surface (ModelSurface)
+    cm.add_mcp_server / load_mcp_tools ──> mcp_listing.McpListing ──> the registry
+    cm.inspect() ──> inspection.Inspection (read-only: workers, suspended runs)
+
+What an exec is given is checked in `codemode.cells`; what it returns is built in
+`codemode.outcomes`.
 """
 
 from __future__ import annotations
