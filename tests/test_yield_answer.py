@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from codemode import CodeMode
+from codemode.runs import Journal
 from codemode.surfaces import strict_problem, to_openai
 from codemode.tools import MAX_BRIDGE_BYTES
 
@@ -81,10 +82,8 @@ def test_an_answered_yield_is_replayed_from_the_journal_after_a_worker_kill(cm):
     run_id = asked(s, code)
     parked = s.wait({"runId": run_id, "answer": {"deep": ["answer"]}})
     assert (parked["status"], parked["reason"]) == ("waiting", "pending_tools"), parked
-    (run,) = cm._live.suspended()
-    assert [(ok, payload) for batch in run.journal.batches for _, ok, payload in batch] == [
-        (True, '{"deep":["answer"]}')
-    ]
+    journal = Journal.decode(cm.export_run(run_id))
+    assert [(ok, payload) for batch in journal.batches for _, ok, payload in batch] == [(True, '{"deep":["answer"]}')]
     for pid in cm.inspect().worker_pids:
         os.kill(pid, signal.SIGKILL)
     gate.set()

@@ -10,7 +10,7 @@ there.
     exec / wait (caller's thread or task)          tool call (its own thread or loop)
     ---------------------------------------        -----------------------------------
     `traced` starts the span, makes it current
-    `_new_run`/`_claim`: `run_span()` -> the
+    `new_run`/`_claim`: `run_span()` -> the
         run's Dispatcher holds it (`RunSpan`)  --> `start_call(dispatcher.span, ...)`: a child
                                                    span, current while the tool runs (its own
     result -> status, error code, telemetry        spans nest under it); ended as it lands
@@ -80,7 +80,7 @@ def tracer(provider: TracerProvider | None = None) -> Tracer | None:
 
 
 def traced(kind: str) -> Callable[[F], F]:
-    """Makes a ``CodeMode`` method ``(self, session, args, ...) -> Result`` one span named
+    """Makes a ``Runner`` method ``(self, session, args, ...) -> Result`` one span named
     ``codemode.<kind>``, current while the method runs (a hook's or tool's spans nest under it),
     and ended with the result's outcome (`_describe`). The identity without the API."""
     name = f"codemode.{kind}"
