@@ -87,6 +87,16 @@ def table(data: dict) -> str:
     for label, name, budget in ROWS:
         if name in median:
             lines.append(f"| {label} | {fmt(median[name])} | {budget} |")
+    derived = [*_latency_ratios(median), *_recorded_figures(by_name, median)]
+    machine = data.get("machine_info", {})
+    cpu = machine.get("cpu", {}).get("brand_raw", platform.processor() or "?")
+    head = f"`make bench`, {data.get('datetime', '')[:10]}, {cpu}, Python {machine.get('python_version', '?')}:"
+    return "\n".join([head, "", *lines, "", "; ".join(derived) + "."])
+
+
+def _latency_ratios(median: dict[str, float]) -> list[str]:
+    """The derived figures of medians: against a pipe round trip and monty, per tool call,
+    per catalog size, per search."""
     exec_idle = median.get("test_exec_trivial_idle")
     derived = []
     if exec_idle and "test_pipe_roundtrip_idle" in median:
@@ -115,6 +125,13 @@ def table(data: dict) -> str:
         derived.append(
             f"one `tools.search` over 10,000 tools in the guest: **{fmt((searches - large) / 200)}** (budget <= 1 ms)"
         )
+    return derived
+
+
+def _recorded_figures(by_name: dict, median: dict[str, float]) -> list[str]:
+    """The derived figures of what benchmarks recorded besides their times (paired overheads,
+    payload sizes, memory), and of the worker-count scaling."""
+    derived = []
     paired = by_name.get("test_mcp_ten_calls_through_a_cell", {}).get("extra_info", {})
     if "paired_overhead_per_call_s" in paired:
         derived.append(
@@ -143,10 +160,7 @@ def table(data: dict) -> str:
             f"workers {parked['workers_rss_kib_idle'] // 1024} -> {parked['workers_rss_kib_parked'] // 1024} MiB "
             f"(**{parked['worker_kib_per_parked_run']:.0f} KiB** a run)"
         )
-    machine = data.get("machine_info", {})
-    cpu = machine.get("cpu", {}).get("brand_raw", platform.processor() or "?")
-    head = f"`make bench`, {data.get('datetime', '')[:10]}, {cpu}, Python {machine.get('python_version', '?')}:"
-    return "\n".join([head, "", *lines, "", "; ".join(derived) + "."])
+    return derived
 
 
 def main() -> None:

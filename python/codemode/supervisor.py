@@ -253,6 +253,23 @@ class LoopReader:
         return prefer is self.keeper or prefer.loop is self.loop
 
 
+def _journal_calls(run: Run, report: Report) -> list[tuple[int, str, str]]:
+    """Journals the calls ``report`` started; returns the tool calls among them ``(call_id,
+    tool, input)`` (a ``yield_control`` joins the run's yields instead)."""
+    journal = run.journal
+    calls = []
+    for call_id, tool, data, method in report.calls:
+        journal.calls.append(JournalCall(call_id, tool, input_hash(data), method))
+        if tool == YIELD_TOOL:
+            run.yields.append(call_id)
+            continue
+        calls.append((call_id, tool, data))
+        if journal.restart_safe:
+            journal.open_inputs[call_id] = data
+            run.journal_bytes += utf8_len(data)
+    return calls
+
+
 def _send_drop(lane: Lane, run: Run, out: Out) -> None:
     """The worker forgets the run's runtime (a frame it does not answer)."""
     out.append(functools.partial(lane.worker.send, [Drop(run.engine_run)], time.monotonic() + KILL_GRACE_S))
@@ -553,21 +570,8 @@ class Supervisor:
                 waiter.polling = None
                 work, waiter.work = waiter.work, []
                 waiter.busy = bool(work)
-                lane = run.lane
-                if held is not None and held.reader is not waiter:
-                    held = None  # taken over while this thread ran tools
-                if held is None and lane is not None and lane.reader is waiter:
-                    held = lane  # handed to it (`_ensure_reader`)
-                if held is not None and (work or waiter.step is not None or held is not lane or held.dead):
-                    # (its own tools are the run's: no one needs to read for it meanwhile)
-                    self._release_reader(held, waiter, out, run if work else None)
-                    held = None
+                held = self._reading_lane(run, waiter, held, bool(work), out)
                 done = waiter.step if not work else None
-                if work or done is not None:
-                    pass
-                elif held is None and lane is not None and not lane.dead and lane.reader is None:
-                    if self._need_reader(lane):
-                        held, lane.reader = lane, waiter
                 if not work and done is None:
                     sleep = self._budget(run, waiter, out)
                     if held is not None and sleep is not None:
@@ -584,6 +588,25 @@ class Supervisor:
                 self._pump(held, poll)
             elif sleep is not None:
                 waiter.event.wait(sleep)
+
+    def _reading_lane(self, run: Run, waiter: Waiter, held: Lane | None, work: bool, out: Out) -> Lane | None:
+        """The lane a waiting thread reads from now on (the caller holds the lock): ``held``
+        unless another took it over, one handed to it, or its run's lane if that needs a
+        reader; none while it has ``work`` to do or its step is done."""
+        lane = run.lane
+        if held is not None and held.reader is not waiter:
+            held = None  # taken over while this thread ran tools
+        if held is None and lane is not None and lane.reader is waiter:
+            held = lane  # handed to it (`_ensure_reader`)
+        if held is not None and (work or waiter.step is not None or held is not lane or held.dead):
+            # (its own tools are the run's: no one needs to read for it meanwhile)
+            self._release_reader(held, waiter, out, run if work else None)
+            held = None
+        if work or waiter.step is not None:
+            return held
+        if held is None and lane is not None and not lane.dead and lane.reader is None and self._need_reader(lane):
+            held, lane.reader = lane, waiter
+        return held
 
     async def _wait_async(self, run: Run, waiter: Waiter) -> Step:
         loop = waiter.loop
@@ -789,31 +812,32 @@ class Supervisor:
             self._end(run, "failed", out, failure=report.failure)
             return
         run.phase = Phase.PARKED
-        calls = []
-        for call_id, tool, data, method in report.calls:
-            journal.calls.append(JournalCall(call_id, tool, input_hash(data), method))
-            if tool == YIELD_TOOL:
-                run.yields.append(call_id)
-                continue
-            calls.append((call_id, tool, data))
-            if journal.restart_safe:
-                journal.open_inputs[call_id] = data
-                run.journal_bytes += utf8_len(data)
+        calls = _journal_calls(run, report)
         if run.waiter is None:
-            # An advance: nothing the host would see starts before the model asks for it. The
-            # run stays suspended, so the snapshot limit holds here as at any suspension.
-            overrun = run.snapshot_overrun(self._max_snapshot)
-            if overrun is not None:
-                _send_drop(lane, run, out)
-                self._forget(run)
-                self._end(run, "failed", out, failure=_failed("snapshot_limit_exceeded", "SnapshotLimitError", overrun))
-                return
-            run.held.extend(calls)
-            if run.yields:
-                step.status, step.reason = "suspended", "yield"
-            elif not run.held and run.dispatcher.has_ready():
-                self._enqueue(run, "settle", out)
+            self._advanced(lane, run, calls, out)
+        else:
+            self._parked(run, calls, out)
+
+    def _advanced(self, lane: Lane, run: Run, calls: list[tuple[int, str, str]], out: Out) -> None:
+        """A run that parked while no one waits for it (an advance): nothing the host would see
+        starts before the model asks for it. The run stays suspended, so the snapshot limit
+        holds here as at any suspension."""
+        overrun = run.snapshot_overrun(self._max_snapshot)
+        if overrun is not None:
+            _send_drop(lane, run, out)
+            self._forget(run)
+            self._end(run, "failed", out, failure=_failed("snapshot_limit_exceeded", "SnapshotLimitError", overrun))
             return
+        run.held.extend(calls)
+        if run.yields:
+            run.step.status, run.step.reason = "suspended", "yield"
+        elif not run.held and run.dispatcher.has_ready():
+            self._enqueue(run, "settle", out)
+
+    def _parked(self, run: Run, calls: list[tuple[int, str, str]], out: Out) -> None:
+        """A run that parked on ``calls`` (and yields) while its waiter waits: its calls start,
+        and it suspends, settles what is ready, or goes on waiting."""
+        journal, step = run.journal, run.step
         if calls:
             step.tool_calls += len(calls)
             run.starting += 1
