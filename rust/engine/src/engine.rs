@@ -18,6 +18,7 @@ use rquickjs::promise::PromiseState;
 use rquickjs::{qjs, Context, Ctx, Exception, Function, Object, Persistent, Promise, Runtime, Value};
 
 use crate::alloc::LimitedAllocator;
+use crate::arena;
 use crate::catalog::Catalog;
 use crate::frontend::{self, Language};
 use crate::limits::{json_nests_deeper_than, Abort, Flags, Limits, MAX_VALUE_DEPTH};
@@ -406,9 +407,10 @@ impl Drop for Engine {
 }
 
 /// The prelude compiled once per process; loading bytecode skips parsing on every run.
+/// Compiled outside any arena: it outlives every engine heap (see `arena`).
 fn prelude_bytecode() -> Result<&'static [u8], EngineError> {
     static BYTECODE: OnceLock<Result<Vec<u8>, EngineError>> = OnceLock::new();
-    BYTECODE.get_or_init(compile_prelude).as_ref().map(Vec::as_slice).map_err(Clone::clone)
+    BYTECODE.get_or_init(|| arena::outside(compile_prelude)).as_ref().map(Vec::as_slice).map_err(Clone::clone)
 }
 
 /// The guest's intrinsics: no `WeakRef`/`FinalizationRegistry` (GC-observable, nondeterministic)
@@ -540,7 +542,9 @@ impl Engine {
             )));
         }
         self.started = true;
-        let body = match frontend::prepare(source, language) {
+        // The TypeScript front end (oxc) runs on the system heap: it is not engine state, and
+        // any lazy state of its own must outlive this engine's arena.
+        let body = match arena::outside(|| frontend::prepare(source, language)) {
             Ok(body) => body,
             Err(e) => {
                 let (code, name) = match e {
