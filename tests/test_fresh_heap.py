@@ -78,7 +78,8 @@ def test_memory_is_back_to_its_baseline_after_a_huge_cell_and_an_out_of_memory_o
 
 def test_a_cell_interrupted_mid_allocation_leaves_nothing_for_the_next(fs):
     clean = value(fs, PROBE)
-    killed = run(fs, '// @options: {"timeout_ms": 100}\nglobalThis.partial = []; while (true) partial.push({a: "x".repeat(100)})')
+    cell = 'globalThis.partial = []; while (true) partial.push({a: "x".repeat(100)})'
+    killed = run(fs, '// @options: {"timeout_ms": 100}\n' + cell)
     assert killed["status"] == "failed" and killed["code"] == "timeout", killed
     assert value(fs, "return typeof partial") == "undefined"
     assert value(fs, PROBE) == clean
@@ -87,11 +88,13 @@ def test_a_cell_interrupted_mid_allocation_leaves_nothing_for_the_next(fs):
 def test_a_stack_overflow_leaves_nothing_for_the_next(fs):
     overflow = run(fs, "globalThis.depth = 0; function f() { depth++; return f() + 1 } return f()")
     assert overflow["status"] == "failed", overflow
-    assert value(fs, "function g(n) { return n ? g(n - 1) + 1 : 0 } return [typeof depth, g(500)]") == ["undefined", 500]
+    probe = "function g(n) { return n ? g(n - 1) + 1 : 0 } return [typeof depth, g(500)]"
+    assert value(fs, probe) == ["undefined", 500]
 
 
 def test_a_suspended_run_keeps_its_state_while_many_cells_run_around_it(fs):
-    first = run(fs, "let kept = {n: 41, s: 'z'.repeat(1000)}; await yield_control('later'); return [kept.n + 1, kept.s.length]")
+    cell = "let kept = {n: 41, s: 'z'.repeat(1000)}; await yield_control('later'); return [kept.n + 1, kept.s.length]"
+    first = run(fs, cell)
     assert first["status"] == "waiting", first
     for i in range(200):
         assert value(fs, f"globalThis.kept = {i}; Object.prototype.n = {i}; return {i}") == i

@@ -127,11 +127,8 @@ fn commit(slot: usize, bytes: usize) -> bool {
     // SAFETY: [committed, target) lies inside this slot of the reserved region, which only
     // this module maps; making it writable cannot touch memory anyone else owns.
     let ok = unsafe {
-        libc::mprotect(
-            slot_base(slot).add(committed).cast(),
-            target - committed,
-            libc::PROT_READ | libc::PROT_WRITE,
-        ) == 0
+        libc::mprotect(slot_base(slot).add(committed).cast(), target - committed, libc::PROT_READ | libc::PROT_WRITE)
+            == 0
     };
     if ok {
         COMMITTED[slot].store(target, Ordering::Relaxed);
@@ -423,7 +420,9 @@ impl<T> Heap<T> {
             if let Some(end) = talc.source.heap_end {
                 talc.source.heap_end = talc.truncate(end, ptr::null_mut());
             }
-            talc.source.heap_end.map_or(std::mem::size_of::<Header>(), |end| end.as_ptr() as usize - slot_base(slot) as usize)
+            talc.source
+                .heap_end
+                .map_or(std::mem::size_of::<Header>(), |end| end.as_ptr() as usize - slot_base(slot) as usize)
         };
         // SAFETY: [slot start, image_len) is committed arena memory, read while no one writes it.
         let image = outside(|| unsafe { std::slice::from_raw_parts(slot_base(slot), image_len) }.to_vec());

@@ -251,7 +251,11 @@ fn number<'js>(ctx: &Ctx<'js>, n: usize) -> Value<'js> {
 /// cell's first use runs in its engine's arena, so it is compiled outside it (see `arena`).
 fn web_bytecode() -> Result<&'static [u8], EngineError> {
     static BYTECODE: OnceLock<Result<Vec<u8>, EngineError>> = OnceLock::new();
-    BYTECODE.get_or_init(|| crate::arena::outside(|| compile_script(SOURCE, WEB_NAME))).as_ref().map(Vec::as_slice).map_err(Clone::clone)
+    BYTECODE
+        .get_or_init(|| crate::arena::outside(|| compile_script(SOURCE, WEB_NAME)))
+        .as_ref()
+        .map(Vec::as_slice)
+        .map_err(Clone::clone)
 }
 
 const WEB_NAME: &CStr = c"<web>";

@@ -241,7 +241,9 @@ fn a_thousand_mixed_cells_back_to_back_each_start_pristine() {
             1 => assert_eq!(completed(&outcome), "42"),
             2 => assert!(matches!(outcome.status, Status::Failed(_))),
             3 => assert_eq!(completed(&outcome), "6"),
-            4 if i % 60 == 4 => assert!(matches!(&outcome.status, Status::Failed(f) if f.code == Some(ErrorCode::MemoryLimitExceeded))),
+            4 if i % 60 == 4 => {
+                assert!(matches!(&outcome.status, Status::Failed(f) if f.code == Some(ErrorCode::MemoryLimitExceeded)))
+            }
             _ => assert_eq!(completed(&outcome), clean, "cell {i}"),
         }
         reset(&mut heap);

@@ -26,7 +26,7 @@ const MAX_READY: usize = 4;
 /// A run's engine: in its own arena, or (the fallback) on the system heap.
 pub enum Sandbox {
     Heap { heap: Heap<Engine>, generation: u64 },
-    Plain(Engine),
+    Plain(Box<Engine>),
 }
 
 impl Sandbox {
@@ -80,7 +80,7 @@ impl HeapPool {
         if let Some(heap) = self.new_heap(build) {
             return Ok(Sandbox::Heap { heap, generation: self.generation });
         }
-        build().map(Sandbox::Plain)
+        build().map(|engine| Sandbox::Plain(Box::new(engine)))
     }
 
     fn new_heap(&mut self, build: &dyn Fn() -> Result<Engine, String>) -> Option<Heap<Engine>> {
@@ -104,7 +104,7 @@ impl HeapPool {
     pub fn retire(&mut self, sandbox: Sandbox) {
         match sandbox {
             Sandbox::Heap { heap, generation } => self.finished.push((heap, generation)),
-            Sandbox::Plain(engine) => self.retired.push(engine),
+            Sandbox::Plain(engine) => self.retired.push(*engine),
         }
     }
 
