@@ -491,3 +491,27 @@ impl<T> Drop for Heap<T> {
     /// slot: freeing it could leave values outside pointing into a reused arena.
     fn drop(&mut self) {}
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// This crate's test binary keeps the system allocator: a heap there would not hold its
+    /// value's allocations, so it is refused (the pyext case).
+    #[test]
+    fn a_heap_is_refused_where_the_arena_allocator_is_not_installed() {
+        let heap = Heap::new(|| Ok::<_, HeapError>(vec![1u8; 64]));
+        assert!(matches!(heap, Err(HeapError::NotInstalled)), "{:?}", heap.err());
+    }
+
+    #[test]
+    fn pointers_outside_the_region_have_no_owner() {
+        let _ = reserve();
+        let boxed = Box::new(7u64);
+        assert_eq!(owner(&*boxed as *const u64 as *mut u8), None);
+        let base = REGION.load(Ordering::Acquire) as *mut u8;
+        assert_eq!(owner(base.wrapping_add(SLOT_BYTES + 8)), Some(1));
+        assert_eq!(owner(base.wrapping_add(SLOTS * SLOT_BYTES)), None);
+        assert_eq!(owner(base.wrapping_sub(1)), None);
+    }
+}

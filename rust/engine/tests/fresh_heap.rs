@@ -289,3 +289,13 @@ fn a_build_that_fails_reports_its_error_and_frees_the_slot() {
     let failed = Heap::<Engine>::new(|| Err::<Engine, _>(String::from("no engine today")));
     assert!(matches!(&failed, Err(HeapError::Build(m)) if m == "no engine today"), "{:?}", failed.err());
 }
+
+#[test]
+fn an_engine_image_is_a_few_hundred_kilobytes() {
+    let heap = heap();
+    // ~160 KB of QuickJS heap after the prelude, plus rquickjs's and the engine's Rust side.
+    assert!(heap.image_bytes() < 512 << 10, "image of {} bytes", heap.image_bytes());
+    assert!(heap.committed_bytes() >= heap.image_bytes());
+    // SAFETY: nothing ran in the heap.
+    unsafe { heap.discard() };
+}
