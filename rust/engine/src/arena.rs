@@ -34,7 +34,9 @@
 //! it), and nothing outside may come to hold a pointer into it: process-wide lazy state first
 //! built during a cell must be built [`outside`] the arena (the prelude bytecode, the search
 //! index's fuzzy table, the TypeScript front end all are), or a reset would leave it dangling.
-//! Per-runtime state inside the arena is fine: that is what the image restores.
+//! Per-runtime state inside the arena is fine: that is what the image restores. An arena is
+//! used by one thread (a `Heap` is not `Send`), and a value it gave must not be freed on
+//! another thread while that one uses the heap: the worker is single-threaded.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
