@@ -76,6 +76,7 @@ thread_local! {
     static ENTERED: Cell<usize> = const { Cell::new(NONE) };
 }
 
+/// The slot this thread's allocations go to now (`NONE` outside any).
 fn entered() -> usize {
     ENTERED.try_with(Cell::get).unwrap_or(NONE)
 }
@@ -90,10 +91,12 @@ fn owner(ptr: *mut u8) -> Option<usize> {
     (offset < SLOTS * SLOT_BYTES).then_some(offset / SLOT_BYTES)
 }
 
+/// The first byte of `slot` (valid once the region is reserved).
 fn slot_base(slot: usize) -> *mut u8 {
     (REGION.load(Ordering::Acquire) + slot * SLOT_BYTES) as *mut u8
 }
 
+/// `n` rounded up to a multiple of `to`.
 fn round_up(n: usize, to: usize) -> usize {
     n.div_ceil(to) * to
 }
@@ -103,6 +106,7 @@ struct Header {
     talc: Talc<SlotSource, DefaultBinning>,
 }
 
+/// Where `slot`'s allocator state lives: its first bytes, so that the image holds it.
 fn header(slot: usize) -> *mut Header {
     slot_base(slot).cast()
 }
@@ -197,6 +201,8 @@ unsafe impl Source for SlotSource {
     }
 }
 
+/// An allocation from `slot`'s talc; null when the slot (or RLIMIT_DATA) has no room.
+///
 /// # Safety
 /// `slot` is a live slot whose header is initialised, used by one thread at a time.
 unsafe fn arena_alloc(slot: usize, layout: Layout) -> *mut u8 {
@@ -278,6 +284,7 @@ impl Drop for Entered {
     }
 }
 
+/// Routes this thread's allocations to `slot` (or to the system, for `NONE`) until the guard drops.
 fn enter(slot: usize) -> Entered {
     Entered { previous: ENTERED.try_with(|e| e.replace(slot)).unwrap_or(NONE) }
 }
@@ -342,6 +349,7 @@ fn reserve() -> Result<(), HeapError> {
     Ok(())
 }
 
+/// Claims a free slot (lowest first), or None when all are taken.
 fn take_slot() -> Option<usize> {
     for (word, bits) in TAKEN.iter().enumerate() {
         let mut current = bits.load(Ordering::Relaxed);
