@@ -19,18 +19,22 @@ PIP := $(VPY) -m pip --disable-pip-version-check --no-input -q
 MATURIN := $(VENV)/bin/maturin
 
 DEV_DEPS := maturin msgspec fastjsonschema 'mcp>=2.3,<3' 'psycopg[binary]>=3.1' 'wordllama>=0.4,<0.5' 'openai>=3.57,<4' \
-  'openai-agents>=0.24,<0.25' 'pydantic-ai-slim>=2.68,<3' 'langchain-core>=1.8,<2' 'anthropic>=2.16,<3' pytest pytest-timeout pytest-benchmark hypothesis ruff mypy
+  'openai-agents>=0.24,<0.25' 'pydantic-ai-slim>=2.68,<3' 'langchain-core>=1.8,<2' 'anthropic>=2.16,<3' \
+  'opentelemetry-api>=1.20' 'opentelemetry-sdk>=1.20' pytest pytest-timeout pytest-benchmark hypothesis ruff mypy
 
 DEPS_STAMP := $(VENV)/.deps-stamp
 BUILD_STAMP := $(VENV)/.build-stamp
 WHEEL_STAMP := dist/.wheel-stamp
+# The docs tools (make docs, make lint): pinned, installed on first use and when this file changes.
+DOCS_DEPS := mkdocs==1.6.1 mkdocstrings==1.0.8 mkdocstrings-python==2.0.11
+DOCS_STAMP := $(VENV)/.docs-stamp
 
 # Every file under rust/ counts (*.rs, *.js, and anything pulled in with
 # include_str!/include_bytes!), plus the workspace manifests.
 RUST_INPUTS := $(shell find rust -type f -not -path '*/target/*' 2>/dev/null) Cargo.toml Cargo.lock pyproject.toml
-# The wheel also packages the Python sources and README (project metadata).
+# The wheel also packages the Python sources, README (project metadata) and LICENSE.
 PY_INPUTS := $(shell find python -type f -not -name '*.so' -not -name 'codemode-worker*' -not -name '*.pyc' -not -path '*/__pycache__/*' 2>/dev/null)
-WHEEL_INPUTS := $(RUST_INPUTS) $(PY_INPUTS) README.md
+WHEEL_INPUTS := $(RUST_INPUTS) $(PY_INPUTS) README.md LICENSE
 
 # The worker binary (rust/worker) goes next to the package: found there by workers.py, and
 # packaged from there into the wheel (pyproject.toml, [tool.maturin] include).
@@ -49,7 +53,7 @@ WHEEL_FORCE := $(if $(wildcard dist/codemode-*.whl),,FORCE)
 export PIP_NO_INPUT := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: soak fuzz help venv build test test-wheel mcp-servers lint demo bench bench-peers wheel clean FORCE
+.PHONY: soak fuzz help venv build test test-wheel mcp-servers lint docs demo bench bench-peers wheel clean FORCE
 
 help: ## Show this help
 	@echo "usage: make <target>"
@@ -76,7 +80,7 @@ $(BUILD_STAMP): $(RUST_INPUTS) $(DEPS_STAMP) $(EXT_FORCE)
 	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(MATURIN) develop --release -q
 	@touch $@
 
-test: build wheel mcp-servers ## Run cargo tests, then pytest (includes installing the built wheel into a fresh venv)
+test: build wheel mcp-servers $(DOCS_STAMP) ## Run cargo tests, then pytest (includes installing the built wheel into a fresh venv, and the docs build)
 	cargo test --release --workspace --exclude codemode-pyext
 	CODEMODE_WHEEL_TEST=1 $(VPY) -m pytest tests -q
 
@@ -86,16 +90,27 @@ mcp-servers: $(DEPS_STAMP) ## (internal) Install the real MCP servers the tests 
 test-wheel: wheel ## Only the wheel smoke test (fresh venv + pip install of dist/*.whl)
 	CODEMODE_WHEEL_TEST=1 $(VPY) -m pytest tests/test_wheel.py -q
 
-lint: build ## Run rustfmt, clippy, ruff (lint + format), mypy and stubtest checks (all of them; fails if any fails)
+lint: build $(DOCS_STAMP) ## Run rustfmt, clippy, ruff (lint + format), mypy, stubtest and the docs build (all of them; fails if any fails)
 	@rc=0; for cmd in \
 	  "cargo fmt --all --check" \
 	  "cargo clippy --workspace --all-targets -- -D warnings" \
 	  "$(VENV)/bin/ruff check python tests benches tools" \
 	  "$(VENV)/bin/ruff format --check python tests benches tools" \
 	  "$(VENV)/bin/mypy" \
-	  "$(VPY) -m mypy.stubtest codemode._engine"; do \
+	  "$(VPY) -m mypy.stubtest codemode._engine" \
+	  "$(VENV)/bin/mkdocs build --strict"; do \
 	  echo ">> $$cmd"; $$cmd || { echo "!! failed: $$cmd"; rc=1; }; \
 	done; exit $$rc
+
+# The API reference (mkdocs.yml, docs/): mkdocstrings reads the docstrings statically (griffe),
+# so it needs no build. Never with -q: mkdocs 1.6 then drops the warnings --strict counts.
+$(DOCS_STAMP): Makefile $(DEPS_STAMP)
+	@echo ">> installing $(DOCS_DEPS)"
+	$(PIP) install $(DOCS_DEPS)
+	@touch $@
+
+docs: $(DOCS_STAMP) ## Build the API reference from the docstrings into site/ (strict: a warning fails it)
+	$(VENV)/bin/mkdocs build --strict
 
 demo: build ## Run the demo (python -m codemode.demo)
 	$(VPY) -m codemode.demo
@@ -145,7 +160,7 @@ $(WHEEL_STAMP): $(WHEEL_INPUTS) $(DEPS_STAMP) $(WHEEL_FORCE)
 	@touch $@
 
 clean: ## Remove build outputs and caches (target/, dist/, the in-tree .so, stamps); keeps .venv
-	rm -rf target dist .pytest_cache .ruff_cache .mypy_cache $(BUILD_STAMP)
+	rm -rf target dist site .pytest_cache .ruff_cache .mypy_cache $(BUILD_STAMP)
 	rm -f python/codemode/_engine*.so $(WORKER_BIN)
 	find python tests benches -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true
 

@@ -214,7 +214,7 @@ TEN_MCP = "for (let i = 0; i < 10; i++) await MCP.everything.getSum({a: i, b: 1}
 
 def _ten_direct(cm: CodeMode) -> int:
     for i in range(10):
-        cm._mcp.call_tool("everything", "get-sum", {"a": i, "b": 1})
+        cm._mcp.servers.call_tool("everything", "get-sum", {"a": i, "b": 1})
     return 1
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from codemode import CodeMode, _engine, protocol
-from codemode.session import EXEC_PREAMBLE
+from codemode.model_surface import EXEC_PREAMBLE
 from codemode.surfaces import strict_problem, to_openai
 from mcp_servers import everything_server
 

@@ -612,9 +612,9 @@ def test_codemode_serve_names_the_server_and_key_of_a_malformed_entry(tmp_path: 
         timeout=30,
     )
 
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert proc.stderr == (
-        "codemode serve: MCP server 'time': 'transportType' must be one of 'stdio', 'http', 'streamable-http', "
+        "codemode: error: MCP server 'time': 'transportType' must be one of 'stdio', 'http', 'streamable-http', "
         "'streamableHttp', 'sse', not 'websocket'\n"
     )
 

@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import codemode.session
+import codemode.mcp_listing
 import pytest
 from codemode import CodeMode
 from codemode.errors import ClosedError, ConfigError, ToolDefinitionError
-from codemode.session import MCP_START_WAIT_S
+from codemode.mcp_listing import MCP_START_WAIT_S
 from codemode.tools import MCP_TOOL, Dispatcher
 
 ODD = str(Path(__file__).resolve().parent / "fixtures" / "odd_mcp_server.py")
@@ -173,7 +173,7 @@ def named_server(*tools: str, first: str = "") -> dict[str, Any]:
 
 
 def test_identifiers_stay_with_their_servers_when_a_slow_ones_tools_arrive(make_codemode, monkeypatch):
-    monkeypatch.setattr(codemode.session, "MCP_START_WAIT_S", 2.0)
+    monkeypatch.setattr(codemode.mcp_listing, "MCP_START_WAIT_S", 2.0)
     servers = {
         "chrome-devtools": named_server("from_a", first="sleep 4;"),
         "chrome_devtools": named_server("from_b"),
@@ -189,7 +189,7 @@ def test_identifiers_stay_with_their_servers_when_a_slow_ones_tools_arrive(make_
 
 
 def test_a_retry_runs_in_the_background_and_its_tools_join_when_it_lands(make_codemode, monkeypatch, tmp_path):
-    monkeypatch.setattr(codemode.session, "MCP_RETRY_S", 0.0)
+    monkeypatch.setattr(codemode.mcp_listing, "MCP_RETRY_S", 0.0)
     marker = tmp_path / "tried"
     # Fails at once the first time; the retry takes 3 s to start, then works.
     first = f'if [ -e "{marker}" ]; then sleep 3; else touch "{marker}"; exit 1; fi;'
@@ -213,7 +213,7 @@ def test_resources_of_a_denied_or_unavailable_server_are_refused_on_the_host(mak
     cm.set_policy(deny=["mcp:secret:*"])
     view = cm.catalog()
     assert view.mcp_servers == {"open": "open"}
-    dispatcher = Dispatcher(view, cm._loop.get, mcp_ops=cm._mcp_op)
+    dispatcher = Dispatcher(view, cm._loop.get, mcp_ops=cm._mcp.op)
     for server in ("secret", "down", "nowhere"):
         request = f'{{"server": "{server}", "op": "resources.read", "input": {{"uri": "memo://one"}}}}'
         assert dispatcher.submit([(1, MCP_TOOL, request)]) is None  # answered at once, nothing started

@@ -27,7 +27,7 @@ class McpCalls:
     def __init__(self, cm: CodeMode, monkeypatch: pytest.MonkeyPatch) -> None:
         self.names: list[str] = []
         self._started: dict[str, threading.Event] = {}
-        mcp = cm._mcp
+        mcp = cm._mcp.servers
         assert mcp is not None
         real = mcp.call_tool_here
 
@@ -133,7 +133,7 @@ def test_an_mcp_call_and_a_sync_tool_in_one_report_both_reach_the_guest(rcm):
 def test_an_mcp_loop_busy_past_the_deadline_suspends_the_run_and_wait_completes(make_codemode):
     cm = mcp_codemode(make_codemode, 150)
     session = cm.session("mcp")
-    loop = cm._mcp.event_loop()
+    loop = cm._mcp.servers.event_loop()
     busy = threading.Event()
     # The MCP loop cannot start the call before the cell's deadline: the run suspends on it.
     loop.call_soon_threadsafe(busy.wait, 30)

@@ -26,7 +26,17 @@ def test_readme_usage_example_runs_as_written():
 
 
 @pytest.mark.parametrize(
-    "heading", ["### Concurrency", "### Long outputs", "### Approvals that pause a run", "### Defining tools"]
+    "heading",
+    [
+        "### Concurrency",
+        "### Waiting and resuming",
+        "### The catalog, policy and namespaces",
+        "### Long outputs",
+        "### Approvals that pause a run",
+        "### Defining tools",
+        "### Batches",
+        "### Observability",
+    ],
 )
 def test_readme_section_example_runs_as_written(heading: str):
     run_example(heading)

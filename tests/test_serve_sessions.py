@@ -244,8 +244,8 @@ def test_serve_refuses_a_token_it_cannot_use(tmp_path: Path, args: tuple[str, ..
         text=True,
         timeout=60,
     )
-    assert proc.returncode == 1
-    assert proc.stderr.startswith("codemode serve: ")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("codemode: error: ")
     assert message in proc.stderr
     assert TOKEN not in proc.stderr
 

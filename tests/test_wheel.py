@@ -142,3 +142,12 @@ def test_wheel_installs_into_fresh_venv_and_runs(wheel: Path, tmp_path: Path) ->
     result = report["result"]
     assert result["status"] == "completed", result
     assert result["value"] == 2, result
+
+    # The wheel carries the license (PEP 639: pyproject's license-files), and pip installs it.
+    assert [n for n in names if n.endswith(".dist-info/licenses/LICENSE")], names
+    (installed,) = venv.glob("lib/python*/site-packages/codemode-*.dist-info/licenses/LICENSE")
+    assert installed.read_text() == (ROOT / "LICENSE").read_text()
+    # The console script and python -m codemode both run, and say the wheel's version.
+    expected = f"codemode {wheel.name.split('-')[1]}\n"
+    assert _run([str(venv / "bin" / "codemode"), "--version"], cwd=work, timeout=60).stdout == expected
+    assert _run([str(py), "-I", "-m", "codemode", "--version"], cwd=work, timeout=60).stdout == expected

@@ -16,10 +16,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    __version__: str
     from .approvals import ApprovalRequest
     from .config import CodeModeConfig, load_config
     from .errors import (
         ApprovalError,
+        BatchError,
         ClosedError,
         CodemodeError,
         ConfigError,
@@ -32,7 +34,17 @@ if TYPE_CHECKING:
         WorkerCrashed,
         WorkerUnavailable,
     )
-    from .policy import Block, Defer, Rewrite
+    from .namespaces import NamespaceRegistration, ScopeContext, namespace_tool
+    from .policy import Block, Defer, Rewrite, ToolCallEvent
+    from .results import (
+        CompletedResult,
+        ExecResult,
+        FailedResult,
+        OutputItem,
+        PendingToolCall,
+        ResultTelemetry,
+        WaitingResult,
+    )
     from .session import CodeMode, Completed, Failed, JsonOutput, Result, Session, Telemetry, TextOutput, Waiting
     from .tools import Tool, ToolContext
 
@@ -41,6 +53,7 @@ _HOME = {
     "CodeModeConfig": "config",
     "load_config": "config",
     "ApprovalError": "errors",
+    "BatchError": "errors",
     "ClosedError": "errors",
     "CodemodeError": "errors",
     "ConfigError": "errors",
@@ -52,9 +65,20 @@ _HOME = {
     "ToolDefinitionError": "errors",
     "WorkerCrashed": "errors",
     "WorkerUnavailable": "errors",
+    "NamespaceRegistration": "namespaces",
+    "ScopeContext": "namespaces",
+    "namespace_tool": "namespaces",
+    "CompletedResult": "results",
+    "ExecResult": "results",
+    "FailedResult": "results",
+    "OutputItem": "results",
+    "PendingToolCall": "results",
+    "ResultTelemetry": "results",
+    "WaitingResult": "results",
     "Block": "policy",
     "Defer": "policy",
     "Rewrite": "policy",
+    "ToolCallEvent": "policy",
     "CodeMode": "session",
     "Completed": "session",
     "Failed": "session",
@@ -71,43 +95,68 @@ _HOME = {
 __all__ = [
     "ApprovalError",
     "ApprovalRequest",
+    "BatchError",
     "Block",
     "ClosedError",
     "CodeMode",
     "CodeModeConfig",
     "CodemodeError",
     "Completed",
+    "CompletedResult",
     "ConfigError",
     "Defer",
+    "ExecResult",
     "Failed",
+    "FailedResult",
     "JsonOutput",
     "McpServerError",
     "McpTimeoutError",
+    "NamespaceRegistration",
+    "OutputItem",
+    "PendingToolCall",
     "ProtocolError",
     "Result",
+    "ResultTelemetry",
     "Rewrite",
+    "ScopeContext",
     "Session",
     "StoreError",
     "StoreLimitError",
     "Telemetry",
     "TextOutput",
     "Tool",
+    "ToolCallEvent",
     "ToolContext",
     "ToolDefinitionError",
     "Waiting",
+    "WaitingResult",
     "WorkerCrashed",
     "WorkerUnavailable",
     "load_config",
+    "namespace_tool",
 ]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        return _version()
     module = _HOME.get(name)
     if module is None:
         raise AttributeError(f"module 'codemode' has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value
     return value
+
+
+def _version() -> str:
+    """The installed distribution's version: pyproject.toml's ``version`` is the one source
+    (importlib.metadata is read on first use, not at ``import codemode``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("codemode")
+    except PackageNotFoundError:  # (the sources on sys.path, never installed)
+        return "0+unknown"
 
 
 def __dir__() -> list[str]:

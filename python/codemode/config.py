@@ -1,8 +1,11 @@
 """The one configuration table: defaults, bounds, and how values are clamped.
 
-Keys are the spec's camelCase names (``timeoutMs``, ``maxOutputBytes``...). Numbers outside
-their range are clamped to it, as the spec's table says; a wrong type or an unknown key is a
-``ConfigError``. ``searchDefaultLimit`` is clamped to ``maxSearchLimit``.
+Keys are camelCase (``timeoutMs``, ``maxOutputBytes``...), as the JSON configs of the tools
+this replaces spell them; each may be written snake_case too (``timeout_ms``), as Python code
+and a cell's ``// @options`` pragma spell them (`either_spelling`: both spellings come from the
+struct's own fields, not from a second list). Numbers outside their range are clamped to it; a
+wrong type, an unknown key or a key given both ways is a ``ConfigError``.
+``searchDefaultLimit`` is clamped to ``maxSearchLimit``.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import msgspec
 
 from .errors import ConfigError
 
-__all__ = ["BOUNDS", "CodeModeConfig", "load_config"]
+__all__ = ["BOUNDS", "CodeModeConfig", "either_spelling", "load_config"]
 
 Language = Literal["javascript", "typescript"]
 
@@ -82,6 +85,29 @@ class CodeModeConfig(msgspec.Struct, rename="camel", forbid_unknown_fields=True,
     mcp_servers: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
+def either_spelling(value: dict[Any, Any], struct: type[msgspec.Struct]) -> dict[Any, Any]:
+    """``value`` with each of ``struct``'s fields under the name the struct decodes, whether it
+    was given camelCase (``timeoutMs``) or snake_case (``timeout_ms``); a ``ConfigError`` names
+    a field given both ways. Other keys are left for the struct to refuse."""
+    names: dict[str, str] = {}
+    for field in msgspec.structs.fields(struct):
+        names[field.name] = names[_camel(field.name)] = field.encode_name
+    out: dict[Any, Any] = {}
+    given: dict[str, Any] = {}
+    for key, item in value.items():
+        name = names.get(key, key) if isinstance(key, str) else key
+        if name in out:
+            raise ConfigError(f"{given[name]!r} and {key!r} name the same setting: give it once")
+        out[name] = item
+        given[name] = key
+    return out
+
+
+def _camel(snake: str) -> str:
+    head, *rest = snake.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
 def _clamp(config: CodeModeConfig) -> CodeModeConfig:
     changes: dict[str, int] = {}
     for field, (low, high) in BOUNDS.items():
@@ -110,7 +136,7 @@ def load_config(value: CodeModeConfig | dict[str, Any] | bool | None = None) -> 
     if not isinstance(value, dict):
         raise ConfigError(f"config must be a dict, a bool or a CodeModeConfig, not {type(value).__name__}")
     try:
-        config = msgspec.convert(value, CodeModeConfig)
+        config = msgspec.convert(either_spelling(value, CodeModeConfig), CodeModeConfig)
     except msgspec.ValidationError as e:
         raise ConfigError(f"invalid code mode config: {e}") from None
     return _clamp(config)

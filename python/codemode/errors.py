@@ -8,6 +8,7 @@ host must know about::
     ├── ConfigError (ValueError)          a config value of the wrong type, an unknown key
     ├── ToolDefinitionError (ValueError)  a tool that cannot be registered
     ├── ApprovalError (LookupError)       ``approve`` of a run or call that awaits no decision
+    ├── BatchError (ValueError)           a batch's cells file or cell malformed, an id repeated
     ├── ClosedError                       a ``CodeMode`` or session used after ``close()``
     ├── ProtocolError                     a worker frame oversized, malformed or out of order
     ├── WorkerCrashed                     a worker ended while it held a run
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 __all__ = [
     "ApprovalError",
+    "BatchError",
     "ClosedError",
     "CodemodeError",
     "ConfigError",
@@ -51,6 +53,11 @@ class ToolDefinitionError(CodemodeError, ValueError):
 class ApprovalError(CodemodeError, LookupError):
     """``approve`` named a run or call that awaits no decision: unknown, expired, another
     session's, not waiting for an approval, or decided already."""
+
+
+class BatchError(CodemodeError, ValueError):
+    """A batch cannot start (``codemode.batch``): its cells file cannot be read, or a line or
+    cell is malformed or repeats another's id. The message names every such line or cell."""
 
 
 class ClosedError(CodemodeError):

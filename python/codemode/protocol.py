@@ -91,6 +91,9 @@ class Start(msgspec.Struct, tag="start", array_like=True):
     seed: int
     #: The run's setup: ``{"namespaces"?: [...], "store"?: {key: json}}`` (``{}`` for none).
     run_json: str = "{}"
+    #: A fixed clock's first reading (ms since the epoch; each read 1 ms more), or None: the
+    #: real clock. Seeded runs have one (`runs.fixed_clock_start`).
+    clock_start: float | None = None
 
 
 class Settle(msgspec.Struct, tag="settle", array_like=True):

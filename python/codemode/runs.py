@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from .protocol import CallMethod, ClockRun, EngineLimits, utf8_len
+from .protocol import CallMethod, ClockRun, EngineLimits, Start, utf8_len
 
 if TYPE_CHECKING:
     from .protocol import Configure
@@ -56,6 +56,17 @@ TOO_MANY_IN_SESSION = "too many suspended code mode runs in this session (maxSus
 #: Whose suspended runs these are: ``(session id, agent run or None)``. A tuple, not a joined
 #: string, so no session id can spell another session's scope.
 Scope = tuple[str, str | None]
+
+
+#: Where a seeded run's fixed clock starts: 2025-01-01T00:00:00Z plus the seed's share of a year.
+FIXED_CLOCK_EPOCH_MS = 1_735_689_600_000
+FIXED_CLOCK_SPAN_MS = 365 * 86_400_000
+
+
+def fixed_clock_start(seed: int) -> float:
+    """A seeded run's first clock reading: the same for the same seed, so two runs of a cell
+    with one seed read the same `Date`s (and the same `Math.random`)."""
+    return float(FIXED_CLOCK_EPOCH_MS + seed % FIXED_CLOCK_SPAN_MS)
 
 
 def new_run_id() -> str:
@@ -97,6 +108,8 @@ class Journal(msgspec.Struct, kw_only=True):
     source: str
     seed: int
     run_json: str = "{}"
+    #: The fixed clock's first reading, for a run given its seed (reproducible), or None.
+    clock_start: float | None = None
     restart_safe: bool = False
     session_id: str = ""
     agent_run: str | None = None
@@ -111,6 +124,11 @@ class Journal(msgspec.Struct, kw_only=True):
     #: Decisions on calls that waited for approval, by call id: a call decided once is never
     #: put to the approval callback again, and a rejected one never runs.
     approvals: dict[int, JournalApproval] = msgspec.field(default_factory=dict)
+
+    def start_frame(self, engine_run: int, timeout_ms: float) -> Start:
+        """The frame that starts (or, inside a `Replay`, re-executes) this run as engine run
+        ``engine_run``."""
+        return Start(engine_run, self.source, self.language, timeout_ms, self.seed, self.run_json, self.clock_start)
 
     def settled_ids(self) -> set[int]:
         return {call_id for batch in self.batches for call_id, _, _ in batch}

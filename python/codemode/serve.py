@@ -151,9 +151,9 @@ def build_server(
             args = {"code": code, "language": language, "restartSafe": restartSafe}
             return _tool_result(await session.handle_async("exec", args))
 
-    async def wait(ctx: Context[Any, Any], runId: str) -> CallToolResult:
+    async def wait(ctx: Context[Any, Any], runId: str, answer: str | None = None) -> CallToolResult:
         with session_for(ctx) as session:
-            return _tool_result(await session.handle_async("wait", {"runId": runId}))
+            return _tool_result(await session.handle_async("wait", {"runId": runId, "answer": answer}))
 
     server.add_tool(exec, name="exec", description=cm.exec_description(), structured_output=False)
     server.add_tool(wait, name="wait", description=WAIT_DESCRIPTION, structured_output=False)

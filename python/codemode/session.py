@@ -8,46 +8,70 @@ returns the same thing as a typed struct; both have ``async`` twins. A guest fai
 from __future__ import annotations
 
 import asyncio
-import collections
-import concurrent.futures
 import functools
 import inspect
 import itertools
 import logging
 import os
 import random
-import re
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import msgspec
 
-from . import _engine, catalog, semantic
-from ._engine import Catalog
+from . import _engine, catalog, semantic, tracing
 from .approvals import ApprovalRequest, Approvals, call_number
-from .catalog import quick_index
+from .cells import CellArgs, answer_json, check_cell, check_seed, journal_problem
 from .config import BOUNDS, CodeModeConfig, load_config
 from .errors import (
     ApprovalError,
     ClosedError,
     CodemodeError,
-    ConfigError,
     StoreError,
     StoreLimitError,
-    ToolDefinitionError,
 )
+from .mcp_listing import McpListing
+from .model_surface import MODEL_VISIBLE_TOOLS, ModelSurface
 from .namespaces import NamespaceRegistration, Namespaces
-from .outputs import DEFAULT_READ_CHARS, OutputStore
+from .outcomes import (
+    Completed,
+    Failed,
+    JsonOutput,
+    Output,
+    Result,
+    Telemetry,
+    TextOutput,
+    Waiting,
+    as_json,
+    cut_to_budget,
+    failure_text,
+    outputs_of,
+)
+from .outputs import OutputStore
 from .policy import Approver, Hook, Policy, ToolCallEvent, Trace, TraceEvent
-from .protocol import Configure, EngineLimits, bounded_bytes, utf8_len
-from .runs import FOREIGN, UNAVAILABLE, Journal, Run, RunLookupError, RunTable, Scope, Step, journal_size, new_run_id
+from .protocol import Configure, EngineLimits
+from .results import ExecResult
+from .runs import (
+    FOREIGN,
+    UNAVAILABLE,
+    Journal,
+    Run,
+    RunLookupError,
+    RunTable,
+    Scope,
+    Step,
+    fixed_clock_start,
+    new_run_id,
+)
 from .store import Store, open_store
 from .supervisor import Supervisor
-from .surfaces import SURFACES, ModelTool, Surface, control_tools, directory_listing, payload_bytes
+from .surfaces import (
+    ModelTool,
+    Surface,
+)
 from .tools import (
-    MCP_TOOL,
     BackgroundLoop,
     Blocked,
     CatalogView,
@@ -60,269 +84,23 @@ from .tools import (
 )
 
 if TYPE_CHECKING:
-    from .mcp import McpServers
+    from opentelemetry.trace import TracerProvider
+
+    from .batch import Cell, CellResult
 
 __all__ = ["CodeMode", "Completed", "Failed", "JsonOutput", "Result", "Session", "Telemetry", "TextOutput", "Waiting"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _log = logging.getLogger(__name__)
 
-MODEL_VISIBLE_TOOLS = ("exec", "wait")
-#: Catalog schemas the `directory` surface exposes directly for a `likely` request.
-LIKELY_SCHEMAS = 3
-#: The longest cell source accepted, in characters: a model writes cells of a few KB; a bigger
-#: one is refused before it reaches a worker (and is one frame, under its cap, if it does).
-MAX_SOURCE_CHARS = 1 << 20
 #: Characters of the reason a host gives when it rejects a call (it reaches the guest).
 MAX_REASON_CHARS = 1000
-#: What a failed run's error keeps when its outputs used up maxOutputBytes: enough to say why.
-MIN_ERROR_BYTES = 256
 #: The lower bound of a `tool_search_code` cell's timeout (seed 001).
 TOOL_SEARCH_CODE_MIN_TIMEOUT_MS = 1000
-#: How long an unreachable MCP server is left alone before an exec lists it again (in the
-#: background: a retry never holds an exec up).
-MCP_RETRY_S = 10.0
-#: How long an exec waits for servers listed for the first time (set-up, not the cell's time);
-#: one that takes longer is unavailable, saying so, until its listing lands.
-MCP_START_WAIT_S = 10.0
-#: What ``load_mcp_tools`` reports for a server whose config entry says ``"disabled": true``.
-MCP_DISABLED = 'disabled in its config ("disabled": true); not started'
-
-EXEC_PREAMBLE = """Run a JavaScript or TypeScript cell (an async function body: top-level await and return) \
-against the hidden tool catalog. In the cell: `await tools.search(query, {limit})` -> compact entries; \
-`await tools.describe(id)` -> full schemas; `await tools.callValue(id, input)` -> the tool's value (an exact \
-id, or an unambiguous tool name); `tools.<name>(input)` for unambiguous names; `ALL_TOOLS`; `text(v)`, \
-`json(v)`, `console.log` for output; `await yield_control(reason)` to hand control back. MCP tools are \
-`await MCP.<server>.<tool>({...})`: read their declarations with `await API.list("mcp")` and \
-`await API.read("mcp/<server>.d.ts")`. There is no `import`, `require`, file system, network or timer: \
-everything goes through these. Return one compact JSON value. If the result says `waiting`, call `wait` \
-with its runId. An arrow `-> ?` means the output shape is unknown: return the raw value first instead of \
-guessing field names.
-Catalog (id input -> output):"""
-
-
-class TextOutput(msgspec.Struct, tag="text", tag_field="type"):
-    text: str
-
-
-class JsonOutput(msgspec.Struct, tag="json", tag_field="type"):
-    value: Any
-
-
-class ImageOutput(msgspec.Struct, tag="image", tag_field="type", rename="camel"):
-    mime_type: str
-    data: str
-
-
-Output = TextOutput | JsonOutput | ImageOutput
-
-
-class Telemetry(msgspec.Struct, rename="camel"):
-    duration_ms: float
-    tool_calls: int
-    searches: int
-    describes: int
-    memory_bytes: int
-    catalog_size: int
-    catalog_sources: dict[str, int]
-    model_visible_tools: list[str]
-
-
-class Completed(msgspec.Struct, tag="completed", tag_field="status", omit_defaults=True):
-    value: Any
-    telemetry: Telemetry
-    output: list[Output] = msgspec.field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
-
-
-class Failed(msgspec.Struct, tag="failed", tag_field="status", omit_defaults=True):
-    error: str
-    telemetry: Telemetry
-    code: str | None = None
-    output: list[Output] = msgspec.field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
-
-
-class Waiting(msgspec.Struct, tag="waiting", tag_field="status", omit_defaults=True, rename="camel"):
-    run_id: str
-    reason: str
-    telemetry: Telemetry
-    pending_tool_calls: list[dict[str, Any]] = msgspec.field(default_factory=list)
-    output: list[Output] = msgspec.field(default_factory=list)
-    #: A ``restartSafe`` run (read-only tools only): safe to replay after a restart.
-    replay_safe: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
-
-
-Result = Completed | Failed | Waiting
-
-
-def _outputs(raw: list[tuple[int, Any]]) -> list[Output]:
-    """The spec's outputs from a run's ``(kind, text)`` list (kind 1 already decoded)."""
-    out: list[Output] = []
-    for kind, text in raw:
-        if kind == 1:
-            out.append(JsonOutput(text))
-        elif kind == 6:
-            mime, _, data = text.partition(";")
-            out.append(ImageOutput(mime, data))
-        else:
-            out.append(TextOutput(text))  # console lines carry their prefix from the engine
-    return out
-
-
-#: Keeps a cut's full text for the run's session; gives its handle, or None if it is not kept.
-Keep = Callable[[str], str | None]
-#: A value with no more JSON than this is never cut (a cut note is longer) and leaves the text
-#: outputs the whole budget.
-SMALL_VALUE_CHARS = 256
-#: What a cut note calls a cut value.
-_VALUE_CUT = "the value's JSON"
-
-
-def _cut(outputs: list[Output], value: Any, budget: int, keep: Keep) -> tuple[list[Output], Any]:
-    """``outputs`` and ``value`` within a text budget of ``budget`` characters (``// @options:
-    {"max_output_tokens": N}``, ~4 characters a token). A value whose JSON is over
-    ``SMALL_VALUE_CHARS`` keeps what the text outputs leave, and at least half the budget; the
-    text outputs keep the rest. What is cut is kept in full (`_cut_note`)."""
-    value_json = msgspec.json.encode(value).decode()
-    if len(value_json) <= SMALL_VALUE_CHARS:
-        return _truncate(outputs, budget, keep), value
-    text_chars = sum(len(o.text) for o in outputs if isinstance(o, TextOutput))
-    value_share = min(len(value_json), max(budget - text_chars, budget // 2))
-    outputs = _truncate(outputs, budget - value_share, keep)
-    if len(value_json) > value_share:
-        note = _cut_note(len(value_json) - value_share, _VALUE_CUT, value_json, keep)
-        head = value_share // 2
-        value = value_json[:head] + note + value_json[len(value_json) - (value_share - head) :]
-    return outputs, value
-
-
-def _truncate(outputs: list[Output], budget: int, keep: Keep) -> list[Output]:
-    """Keeps the head and the tail of the text outputs within ``budget`` characters and says
-    what was cut in between, naming where their full text is kept."""
-    texts = [o.text for o in outputs if isinstance(o, TextOutput)]
-    total = sum(len(text) for text in texts)
-    if total <= budget:
-        return outputs
-    head_left, tail_left = budget // 2, budget - budget // 2
-    kept_head: list[Output] = []
-    kept_tail: list[Output] = []
-    for output in outputs:
-        if not isinstance(output, TextOutput):
-            kept_head.append(output)
-        elif head_left > 0:
-            kept_head.append(TextOutput(output.text[:head_left]))
-            head_left -= len(kept_head[-1].text)  # type: ignore[union-attr]
-    for output in reversed(outputs):
-        if isinstance(output, TextOutput) and tail_left > 0:
-            piece = output.text[-tail_left:]
-            kept_tail.insert(0, TextOutput(piece))
-            tail_left -= len(piece)
-    note = TextOutput(_cut_note(total - budget, "output", "\n".join(texts), keep))
-    return [*kept_head, note, *kept_tail]
-
-
-def _cut_note(cut: int, what: str, full: str, keep: Keep) -> str:
-    """What a cut says: how much it left out, and how to read ``full`` (the text outputs joined
-    by newlines, or the value's JSON) back, unless it could not be kept."""
-    handle = keep(full)
-    if handle is None:
-        return f"[… {cut} characters of {what} cut by max_output_tokens …]"
-    read = f'await readOutput("{handle}", {{offset: 0, limit: {DEFAULT_READ_CHARS}}})'
-    name = "JSON" if what == _VALUE_CUT else "text"
-    return f"[… {cut} characters of {what} cut by max_output_tokens; full {name} ({len(full)} characters): {read} …]"
-
-
-_PRAGMA = re.compile(r"^\s*//\s*@(options|exec):(.*)$")
-
-
-class CellOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """The first-line pragma ``// @options: {...}`` (or ``// @exec: {...}``)."""
-
-    timeout_ms: int | None = None
-    max_output_tokens: int | None = None
-
-
-def _cell_options(code: str) -> CellOptions | str:
-    """The pragma of ``code``'s first line, or an error message; no pragma gives defaults."""
-    first = code.split("\n", 1)[0]
-    match = _PRAGMA.match(first)
-    if match is None:
-        return CellOptions()
-    try:
-        options = msgspec.json.decode(match.group(2), type=CellOptions)
-    except msgspec.DecodeError as e:
-        return f"invalid // @{match.group(1)} pragma: {e}"
-    if options.timeout_ms is not None and not 0 < options.timeout_ms <= 2_147_483_647:
-        return "// @options timeout_ms must be a positive integer"
-    if options.max_output_tokens is not None and options.max_output_tokens < 0:
-        return "// @options max_output_tokens must be a non-negative integer"
-    return options
-
-
-def _journal_problem(journal: Journal, config: CodeModeConfig) -> str | None:
-    """What is wrong with an imported journal, as this ``CodeMode`` would see the same run made
-    here (its limits, its languages), or None."""
-    if journal.language not in config.languages:
-        return f"language {journal.language!r} is not enabled here"
-    if len(journal.source) > MAX_SOURCE_CHARS:
-        return f"its source is {len(journal.source)} characters; the limit is {MAX_SOURCE_CHARS}"
-    if len(journal.run_json) > MAX_SOURCE_CHARS * 4:
-        return "its run setup is too large"
-    size = journal_size(journal)
-    if size > config.max_journal_bytes:
-        return f"it holds {size} bytes of results; maxJournalBytes is {config.max_journal_bytes}"
-    if journal.approvals:
-        return "it holds approvals, which no restartSafe run can wait for"
-    made = {call.id for call in journal.calls}
-    if len(made) != len(journal.calls) or not journal.settled_ids() <= made or not set(journal.open_inputs) <= made:
-        return "its calls and results do not match"
-    return None
-
-
-def _lone_surrogate(code: str) -> str | None:
-    """Why ``code`` cannot reach a worker, if it holds a lone surrogate (a Python string may,
-    UTF-8 may not: no frame could carry it); None otherwise."""
-    if code.isascii():
-        return None
-    try:
-        code.encode("utf-8")
-    except UnicodeEncodeError as e:
-        point = ord(code[e.start])
-        return (
-            f"exec `code` holds a lone surrogate (U+{point:04X} at character {e.start}), which UTF-8 "
-            f"cannot carry; write it as an escape (\\u{point:04x}) in a string literal."
-        )
-    return None
 
 
 async def _awaited(value: Awaitable[Any]) -> Any:
     return await value
-
-
-def _provider_name(name: str) -> str:
-    """Tool names providers accept: ``[A-Za-z0-9_-]{1,64}``."""
-    cleaned = re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64]
-    return cleaned or "tool"
-
-
-def _still_starting(server: str) -> str:
-    return f"MCP server {server!r} is still starting"
-
-
-def _mcp_caller(mcp: McpServers, server: str, tool: str) -> Callable[..., Awaitable[Any]]:
-    # Runs on the MCP client's own loop (the tool's `loop`): no hop through the tools' loop.
-    async def call(**arguments: Any) -> Any:
-        return await mcp.call_tool_here(server, tool, arguments)
-
-    return call
 
 
 class CodeMode:
@@ -335,6 +113,9 @@ class CodeMode:
     ``require_approval`` patterns (or of a tool defined with ``requires_approval=True``) wait for
     an approval: the callback's, or with none, the host's ``Session.approve``. Close the
     ``CodeMode`` when done (``with``/``async with``).
+
+    With ``opentelemetry-api`` installed, each ``exec``/``wait`` is a span and each of its tool
+    calls a child span (`codemode.tracing`), from ``tracer_provider`` or the global provider.
     """
 
     def __init__(
@@ -347,17 +128,11 @@ class CodeMode:
         approve: Approver | None = None,
         require_approval: Iterable[str] = (),
         store: Store | str | os.PathLike[str] | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         self.config = load_config(config)
-        self._mcp: McpServers | None = None
-        #: MCP servers whose tools are in the registry (or that failed to list: name -> error).
-        self._mcp_loaded: dict[str, str | None] = {}
-        self._mcp_failed_at: dict[str, float] = {}
-        #: Listings in flight (on the MCP loop), by server.
-        self._mcp_listing: dict[str, concurrent.futures.Future[None]] = {}
-        #: Servers that said their listings changed since they were last listed.
-        self._mcp_changed: set[str] = set()
-        self._mcp_lock = threading.Lock()
+        self._registry = ToolRegistry()
+        self._mcp = McpListing(self._registry)
         # Before anything starts (worker processes, threads): a malformed entry then fails this
         # constructor with nothing left running.
         for name, server in self.config.mcp_servers.items():
@@ -367,11 +142,11 @@ class CodeMode:
         #: A private in-memory store has no other writer: its snapshots are served from here
         #: (a query per exec costs ~15 µs); a shared file or server is always asked.
         self._store_cache: dict[tuple[str, str], dict[str, str]] | None = {} if store is None else None
-        self._registry = ToolRegistry()
         self._namespaces = Namespaces()
         self._policy = Policy.of(allow, deny, require_approval)
         self._trace = Trace()
         self._gate = Gate(before_tool_call, approve, self._trace)
+        self._tracer = tracing.tracer(tracer_provider)
         self._loop = BackgroundLoop()
         self._configure: Configure | None = None
         self._configure_lock = threading.Lock()
@@ -391,25 +166,30 @@ class CodeMode:
         self._live: dict[str, Run] = {}
         self._sweeper: threading.Thread | None = None
         self._sweep_stop = threading.Event()
-        self._host_catalog: tuple[str, Catalog] | None = None
         #: Full texts of cut outputs, per session, in memory only (`codemode.outputs`).
         self._output_store = OutputStore(
             self.config.output_store_bytes, self.config.output_store_total_bytes, self.config.output_store_ttl_seconds
         )
 
+        #: What the model is given, and the host side of the structured surfaces' calls
+        #: (`codemode.model_surface`); sessions answer those calls through it.
+        self.model_surface = ModelSurface(
+            self.config,
+            self._registry,
+            self.catalog,
+            self._namespaces,
+            self._loop,
+            self._gate,
+            self._mcp,
+            self._call_ids,
+        )
     # ---- MCP -----------------------------------------------------------------------------------
     def add_mcp_server(self, name: str, config: Mapping[str, Any]) -> None:
         """Adds an MCP server (``{"command", "args", "env"}`` or ``{"url", "headers"}``, as MCP
         clients write them; see ``codemode.mcp.parse_server_config``); its tools join the catalog
-        on the next exec (or ``load_mcp_tools()``), unless the entry says ``"disabled": true``."""
-        from .mcp import McpServers
-
-        with self._mcp_lock:
-            if self._mcp is None:
-                self._mcp = McpServers()
-                self._mcp.on_list_changed(self._mcp_list_changed)
-            self._mcp.add(name, config)
-            self._mcp_loaded.pop(name, None)
+        on the next exec (or ``load_mcp_tools()``), unless the entry says ``"disabled": true``.
+        Without the ``mcp`` extra, an ``ImportError`` that says to install it."""
+        self._mcp.add_server(name, config)
 
     def load_mcp_tools(self) -> dict[str, str | None]:
         """Lists the MCP servers not listed yet (and those that failed over ``MCP_RETRY_S`` ago),
@@ -419,131 +199,7 @@ class CodeMode:
         call runs there): it would wait for work queued behind itself."""
         if self._closed:
             raise ClosedError("this CodeMode is closed")
-        self._list_mcp(None)
-        mcp = self._mcp
-        if mcp is None:
-            return {}
-        with self._mcp_lock:
-            return self._mcp_loaded | dict.fromkeys(mcp.disabled_names(), MCP_DISABLED)
-
-    def _mcp_list_changed(self, server: str) -> None:
-        """On the MCP loop: the server said a listing changed; the next exec lists it again (in
-        the background: that exec still sees the listing before)."""
-        with self._mcp_lock:
-            self._mcp_changed.add(server)
-
-    def _mcp_stale(self, server: str, now: float) -> bool:
-        """Never listed, changed since, or failed long enough ago to try again (and not being
-        listed now)."""
-        if server in self._mcp_listing:
-            return False
-        if server not in self._mcp_loaded or server in self._mcp_changed:
-            return True
-        return self._mcp_loaded[server] is not None and now - self._mcp_failed_at.get(server, now) >= MCP_RETRY_S
-
-    def _list_mcp(self, wait_s: float | None) -> None:
-        """Starts listing each stale server on the MCP loop (one listing per server at a time),
-        then waits: for every listing (``wait_s`` None), or up to ``wait_s`` for the servers
-        listed for the first time. So a server that is slow to start, or never answers, costs an
-        ``exec`` at most ``wait_s`` once; until its listing lands it is unavailable, saying so,
-        and retries never hold an ``exec`` up."""
-        waited = self._start_listings(wait_s)
-        if waited:
-            concurrent.futures.wait(waited.values(), timeout=wait_s)
-            self._listed(waited)
-
-    def _start_listings(self, wait_s: float | None) -> dict[str, concurrent.futures.Future[None]]:
-        """Starts the listings `_list_mcp` describes; returns those to wait for."""
-        mcp = self._mcp
-        if mcp is None:
-            return {}
-        here = mcp.on_loop_thread()  # (an async hook of an MCP call): start them, never wait
-        if here and wait_s is None:
-            raise RuntimeError("load_mcp_tools() cannot run on the MCP loop's thread; the listings queue behind it")
-        loop = mcp.event_loop()  # (started here, not under the lock its listings take)
-        waited: dict[str, concurrent.futures.Future[None]] = {}
-        with self._mcp_lock:
-            now = time.monotonic()
-            for server in mcp.names():
-                if self._mcp_stale(server, now):
-                    first = server not in self._mcp_loaded
-                    self._mcp_changed.discard(server)  # (a change from now on lists it again)
-                    if first:
-                        self._registry.set_mcp_server(server, None, _still_starting(server))
-                    listing = asyncio.run_coroutine_threadsafe(self._list_server(mcp, server), loop)
-                    self._mcp_listing[server] = listing
-                    if first or wait_s is None:
-                        waited[server] = listing
-                elif wait_s is None and server in self._mcp_listing:
-                    waited[server] = self._mcp_listing[server]
-        return {} if here else waited
-
-    async def _list_mcp_async(self, wait_s: float) -> None:
-        """`_list_mcp` for a coroutine: the listings are awaited, not waited for."""
-        waited = self._start_listings(wait_s)
-        if waited:
-            await asyncio.wait([asyncio.wrap_future(f) for f in waited.values()], timeout=wait_s)
-            self._listed(waited)
-
-    def _listed(self, waited: dict[str, concurrent.futures.Future[None]]) -> None:
-        with self._mcp_lock:
-            for server, listing in waited.items():
-                if not listing.done() and server not in self._mcp_loaded:
-                    # Not waited for again: later execs go on without it until it lands.
-                    self._mcp_loaded[server] = _still_starting(server)
-
-    async def _list_server(self, mcp: McpServers, server: str) -> None:
-        """On the MCP loop: lists one server and registers its tools, all at once (before the
-        listing's future completes, so whoever waits for it finds them)."""
-        reason: str | None = None
-        tools: list[Tool] = []
-        try:
-            listed = await mcp.alist_tools(server)
-        except CodemodeError as e:
-            reason = str(e)
-        else:
-            for info in listed:
-                try:
-                    tools.append(
-                        define_tool(
-                            _mcp_caller(mcp, server, info.name),
-                            name=info.name,
-                            owner=server,
-                            source="mcp",
-                            description=info.description,
-                            label=info.title,
-                            input_schema=info.input_schema,
-                            output_schema=info.output_schema,
-                            loop=mcp.event_loop,
-                        )
-                    )
-                except ToolDefinitionError as e:
-                    # One unusable name (empty, over 128 characters, control characters) costs
-                    # that tool, not the server.
-                    _log.warning("MCP server %r: tool left out: %s", server, e)
-        with self._mcp_lock:
-            self._mcp_listing.pop(server, None)
-            if reason is None:
-                self._registry.set_mcp_server(server, tools)
-                self._mcp_failed_at.pop(server, None)
-            else:
-                self._registry.set_mcp_server(server, None, reason)
-                self._mcp_failed_at[server] = time.monotonic()
-            self._mcp_loaded[server] = reason
-
-    def _mcp_wanted(self) -> bool:
-        """Some server is to be listed (an exec starts it: never listed, or its retry is due)."""
-        mcp = self._mcp
-        if mcp is None:
-            return False
-        now = time.monotonic()
-        return any(self._mcp_stale(server, now) for server in mcp.names())
-
-    async def _mcp_op(self, server: str, op: str, payload: Any) -> Any:
-        mcp = self._mcp
-        if mcp is None:
-            raise CodemodeError("no MCP servers are configured")
-        return await mcp.arun_op(server, op, payload)
+        return self._mcp.load_all()
 
     # ---- tools ---------------------------------------------------------------------------------
     @overload
@@ -618,23 +274,7 @@ class CodeMode:
         """The model-facing ``exec`` description: how to use the guest API, then a bounded quick
         index of exact ids with compact input/output hints (never descriptions: catalog text is
         untrusted and stays lazy)."""
-        view = self.catalog()
-        entries = [t.entry() for t in view.tools.values()]
-        text = EXEC_PREAMBLE + "\n" + quick_index(entries, max_chars=max_index_chars)
-        if view.mcp_servers:
-            # The spec: the model learns of the MCP API from this description and reads only
-            # the declarations it needs (MCP tools are not in the index, search or ALL_TOOLS).
-            counts = collections.Counter(t.owner for t in view.tools.values() if t.source == "mcp")
-            servers = ", ".join(f"MCP.{ident} ({counts[server]})" for server, ident in view.mcp_servers.items())
-            text += (
-                f"\nMCP servers (tools): {servers}. Call `await MCP.<server>.<tool>({{...}})`; read the "
-                "declarations first: `await API.read('mcp/index.d.ts')`, `await API.read('mcp/<server>.d.ts')` "
-                "or `await MCP.<server>.$api(toolName)`."
-            )
-        prompts = self._namespaces.prompts(view.tools)
-        if prompts:
-            text += "\nNamespaces (globals in the cell):\n" + "\n".join(prompts)
-        return text
+        return self.model_surface.exec_description(max_index_chars=max_index_chars)
 
     # ---- model-facing surfaces ---------------------------------------------------------------------
     def model_tools(
@@ -647,121 +287,16 @@ class CodeMode:
         ``directory`` surface, ``likely`` (e.g. the user's message) picks a few catalog tools
         whose full schemas are exposed directly, as the tool-search spec describes.
         """
-        if surface not in SURFACES:
-            raise ConfigError(f"unknown surface {surface!r}; one of {', '.join(SURFACES)}")
-        if disable_tools:
-            return []
-        view = self.catalog()
-        direct_only = [
-            ModelTool(t.name, t.description, t.input_schema or {"type": "object"})
-            for t in self._registry.all()
-            if t.direct_only and t.name in view.direct
-        ]
-        if not self.config.enabled or not view.tools or surface == "direct":
-            return [*self._direct_tools(view).values(), *direct_only]
-        directory = ""
-        likely_tools: list[ModelTool] = []
-        if surface == "directory":
-            directory = directory_listing([(t.id, t.description) for t in view.tools.values()])
-            names = {tool_id: name for name, tool_id in self._direct_names(view).items()}
-            # The tool-search spec: client-provided tools stay directly visible in this mode,
-            # and a few likely catalog schemas may join them.
-            shown = [tool_id for tool_id, tool in view.tools.items() if tool.source == "client"]
-            if likely:
-                hits = msgspec.json.decode(self._search_catalog().search(likely, LIKELY_SCHEMAS))
-                shown += [h["id"] for h in hits if h["id"] in names and h["id"] not in shown]
-            likely_tools = [
-                ModelTool(names[tool_id], view.tools[tool_id].description, view.tools[tool_id].input_schema or {})
-                for tool_id in shown
-                if tool_id in names
-            ]
-        return [*control_tools(surface, self.exec_description(), directory), *likely_tools, *direct_only]
+        return self.model_surface.model_tools(surface, disable_tools=disable_tools, likely=likely)
 
     def payload_telemetry(self) -> dict[str, int]:
         """Serialized bytes of the tool definitions each surface sends the model."""
-        return {surface: payload_bytes(self.model_tools(surface)) for surface in SURFACES}
-
-    def _direct_names(self, view: CatalogView) -> dict[str, str]:
-        """Provider-safe unique names for the catalog tools: name -> catalog id."""
-        out: dict[str, str] = {}
-        for tool in view.tools.values():
-            name = _provider_name(tool.name)
-            if name in out:
-                name = _provider_name(f"{tool.owner}__{tool.name}")
-            out[name] = tool.id
-        return out
-
-    def _direct_tools(self, view: CatalogView) -> dict[str, ModelTool]:
-        """Every catalog tool as its own definition, under its provider-safe name."""
-        return {
-            name: ModelTool(
-                name, view.tools[tool_id].description, view.tools[tool_id].input_schema or {"type": "object"}
-            )
-            for name, tool_id in self._direct_names(view).items()
-        }
-
-    def _direct_target(self, name: str) -> str | None:
-        """The catalog id behind a direct-surface tool name (or a direct-only tool)."""
-        view = self.catalog()
-        for tool in self._registry.all():
-            if tool.direct_only and tool.name == name and name in view.direct:
-                return tool.id
-        return self._direct_names(view).get(name)
-
-    def _search_catalog(self) -> Catalog:
-        """The run catalog for the structured tool-search surface (MCP tools included, by id)."""
-        view = self.catalog()
-        cached = self._host_catalog
-        if cached is None or cached[0] != view.fingerprint:
-            cached = self._host_catalog = (
-                view.fingerprint,
-                Catalog(view.catalog_json, include_mcp=True, semantic=semantic.model()),
-            )
-        return cached[1]
-
-    def _tool_call_refusal(self, tool_id: str) -> str | None:
-        """Why the tool-search surface's ``tool_call`` does not run ``tool_id``, or None: a
-        direct-only tool is one of the model's own tools, to call directly; any other id it
-        cannot see is unknown (hidden and absent alike), to look up with ``tool_search``."""
-        view = self.catalog()
-        if tool_id in view.tools:
-            return None
-        shown = catalog.bounded_text(tool_id, 200)
-        for tool in self._registry.all():
-            if tool.direct_only and tool.name in view.direct and tool_id in (tool.id, tool.name):
-                return f"tool {shown} is direct-only: call your `{tool.name}` tool directly, not through tool_call."
-        return f"unknown tool: {shown}. Find exact ids with tool_search (then tool_describe for the input)."
+        return self.model_surface.payload_telemetry()
 
     def call_tool(self, session: Session, tool_id: str, args: Any) -> dict[str, Any]:
         """Calls one catalog (or direct-only) tool from the host, through the same gate as a
         nested call; returns ``{tool, result}`` or ``{tool, error}``."""
-        view = self.catalog()
-        registry_tool = self._registry.get(tool_id)
-        if registry_tool is not None and registry_tool.direct_only and registry_tool.name in view.direct:
-            view = msgspec.structs.replace(view, tools={**view.tools, tool_id: registry_tool})
-        dispatcher = Dispatcher(
-            view, self._loop.get, session_id=session.session_id, gate=self._gate, mcp_ops=self._mcp_op
-        )
-        dispatcher.parent = f"call_{next(self._call_ids)}"
-        tool = view.tools.get(tool_id)
-        try:  # the model's arguments: as hostile as a guest's
-            if tool is not None and tool.source == "mcp":
-                call = (1, MCP_TOOL, msgspec.json.encode({"id": tool_id, "input": args or {}}).decode())
-            else:
-                call = (1, tool_id, msgspec.json.encode(args if args is not None else {}).decode())
-        except (TypeError, ValueError, RecursionError, MemoryError) as e:
-            return {"tool": tool_id, "error": f"tool arguments are not JSON the host can carry: {type(e).__name__}"}
-        inline = dispatcher.submit([call])
-        if inline is not None:
-            inline()  # a sync tool: here, on the caller's thread
-        try:
-            results = dispatcher.wait_ready(time.monotonic() + self.config.timeout_ms / 1000.0)
-        finally:
-            dispatcher.close()
-        if not results:
-            return {"tool": tool_id, "error": "tool call timed out"}
-        _, ok, text = results[0]
-        return {"tool": tool_id, "result": msgspec.json.decode(text)} if ok else {"tool": tool_id, "error": text}
+        return self.model_surface.call_tool(session.session_id, tool_id, args)
 
     def trace(self, session_id: str | None = None) -> list[dict[str, Any]]:
         """Exported trace events: code-mode calls and the nested tool calls under them."""
@@ -797,14 +332,23 @@ class CodeMode:
             raise ClosedError("this CodeMode is closed")
         return Session(self, session_id, agent_run, branch)
 
+    def run_many(
+        self, cells: Iterable[Cell | Mapping[str, Any]], *, concurrency: int = 8, seed: int | None = None
+    ) -> AsyncGenerator[CellResult, None]:
+        """Runs a batch of cells, at most ``concurrency`` at once, carrying each through its
+        ``wait``s: an async iterator of final results in completion order (``codemode.batch``).
+        ``seed`` makes each cell's ``Math.random`` and clock the same in every run with it."""
+        from .batch import run_many
+
+        return run_many(self, cells, concurrency=concurrency, seed=seed)
+
     def close(self) -> None:
         """Stops every worker and the background tool loop. Idempotent."""
         if self._closed:
             return
         self._closed = True
         self._sweep_stop.set()
-        if self._mcp is not None:
-            self._mcp.close()
+        self._mcp.close()
         for run in self._runs.drain():
             run.dispatcher.close()
         self._live.clear()
@@ -848,40 +392,11 @@ class CodeMode:
     def _invalid(self, started: float, message: str) -> Failed:
         return Failed(error=message, code="invalid_input", telemetry=self._telemetry(started, None))
 
-    def _check_args(self, started: float, args: Any) -> tuple[str, str, bool, CellOptions] | Failed:
-        if not isinstance(args, dict):
-            return self._invalid(started, "exec input must be an object with a `code` string.")
-        code = args.get("code")
-        command = args.get("command")
-        if code is None:
-            code = command
-        elif command is not None and command != code:
-            return self._invalid(started, "exec `code` and `command` must match when both are given.")
-        if not isinstance(code, str) or not code.strip():
-            return self._invalid(started, "exec requires a non-empty `code` string.")
-        if len(code) > MAX_SOURCE_CHARS:
-            return self._invalid(started, f"exec `code` is {len(code)} characters; the limit is {MAX_SOURCE_CHARS}.")
-        surrogate = _lone_surrogate(code)
-        if surrogate is not None:
-            return self._invalid(started, surrogate)
-        # `null` is how a strict-mode provider leaves an optional field out (`surfaces.EXEC_SCHEMA`).
-        language = args.get("language")
-        if language is None:
-            language = "javascript"
-        if language not in ("javascript", "typescript"):
-            return self._invalid(started, 'exec `language` must be "javascript" or "typescript".')
-        if language not in self.config.languages:
-            return self._invalid(started, f"code mode language {language} is disabled.")
-        restart_safe = args.get("restartSafe")
-        if restart_safe is None:
-            restart_safe = False
-        if not isinstance(restart_safe, bool):
-            return self._invalid(started, "exec `restartSafe` must be a boolean.")
-        options = _cell_options(code)
-        if isinstance(options, str):
-            return self._invalid(started, options)
-        return code, language, restart_safe, options
+    def _check_args(self, started: float, args: Any) -> CellArgs | Failed:
+        checked = check_cell(args, self.config.languages)
+        return self._invalid(started, checked) if isinstance(checked, str) else checked
 
+    @tracing.traced("exec")
     def _exec(
         self,
         session: Session,
@@ -898,37 +413,45 @@ class CodeMode:
         if outer_hook and self._gate.hook is not None:
             # The model's `exec` call itself, as the spec's hook event for it (it may block or
             # rewrite the cell, e.g. through the `command` alias).
-            decision = self._gate.hook(self._exec_event(session, args, checked[1]))
+            decision = self._gate.hook(self._exec_event(session, args, checked.language))
             if inspect.isawaitable(decision):
                 decision = asyncio.run_coroutine_threadsafe(_awaited(decision), loop()).result()
             checked = self._hooked(started, args, decision, checked)
             if isinstance(checked, Failed):
                 return checked
-        if self._mcp is not None and self._mcp_wanted():
-            self._list_mcp(MCP_START_WAIT_S)
+        if self._mcp.servers is not None:
+            self._mcp.refresh()
         run, configure = self._new_run(session, checked, loop, min_timeout_ms)
         return self._driven(run, started, "exec", lambda: self._supervisor.start(run, configure, run.timeout_ms))
 
+    @tracing.traced("exec")
     async def _exec_async(
-        self, session: Session, args: Any, *, min_timeout_ms: int = 0, outer_hook: bool = False
+        self,
+        session: Session,
+        args: Any,
+        *,
+        min_timeout_ms: int = 0,
+        outer_hook: bool = False,
+        seed: int | None = None,
     ) -> Result:
         """`_exec` as a coroutine on the caller's loop (its async tools, and an async hook, run
         there too)."""
+        check_seed(seed)
         started = time.perf_counter()
         checked = self._admit(started, args)
         if isinstance(checked, Failed):
             return checked
         if outer_hook and self._gate.hook is not None:
-            decision = self._gate.hook(self._exec_event(session, args, checked[1]))
+            decision = self._gate.hook(self._exec_event(session, args, checked.language))
             if inspect.isawaitable(decision):
                 decision = await decision
             checked = self._hooked(started, args, decision, checked)
             if isinstance(checked, Failed):
                 return checked
-        if self._mcp is not None and self._mcp_wanted():
-            await self._list_mcp_async(MCP_START_WAIT_S)
+        if self._mcp.servers is not None:
+            await self._mcp.refresh_async()
         loop = asyncio.get_running_loop()
-        run, configure = self._new_run(session, checked, lambda: loop, min_timeout_ms)
+        run, configure = self._new_run(session, checked, lambda: loop, min_timeout_ms, seed)
         return await self._driven_async(
             run, started, "exec", self._supervisor.start_async(run, configure, run.timeout_ms)
         )
@@ -964,7 +487,7 @@ class CodeMode:
         message = f"code mode failed in the host: {type(error).__name__}"
         return Failed(error=message, code="internal_error", telemetry=self._telemetry(started, None))
 
-    def _admit(self, started: float, args: Any) -> tuple[str, str, bool, CellOptions] | Failed:
+    def _admit(self, started: float, args: Any) -> CellArgs | Failed:
         if self._closed:
             raise ClosedError("this CodeMode is closed")
         self._sweep()
@@ -983,9 +506,7 @@ class CodeMode:
             tool_input_kind=language,
         )
 
-    def _hooked(
-        self, started: float, args: Any, decision: Any, checked: tuple[str, str, bool, CellOptions]
-    ) -> tuple[str, str, bool, CellOptions] | Failed:
+    def _hooked(self, started: float, args: Any, decision: Any, checked: CellArgs) -> CellArgs | Failed:
         try:
             rewritten = apply_hook(decision, args)
         except Blocked as e:
@@ -995,9 +516,10 @@ class CodeMode:
     def _new_run(
         self,
         session: Session,
-        checked: tuple[str, str, bool, CellOptions],
+        checked: CellArgs,
         loop: Callable[[], asyncio.AbstractEventLoop],
         min_timeout_ms: int,
+        seed: int | None = None,
     ) -> tuple[Run, Configure]:
         code, language, restart_safe, options = checked
         session_id, scope = session.session_id, session.scope
@@ -1025,8 +547,9 @@ class CodeMode:
             limits=configure.limits,
             language=language,
             source=code,
-            seed=random.getrandbits(63),
+            seed=random.getrandbits(63) if seed is None else seed,
             run_json=msgspec.json.encode(run_setup).decode() if run_setup else "{}",
+            clock_start=None if seed is None else fixed_clock_start(seed),
             restart_safe=restart_safe,
             session_id=session_id,
             agent_run=session.agent_run,
@@ -1039,7 +562,7 @@ class CodeMode:
             gate=self._gate,
             read_only=restart_safe,
             namespace_calls=namespace_calls,
-            mcp_ops=self._mcp_op if self._mcp is not None else None,
+            mcp_ops=self._mcp.op if self._mcp.servers is not None else None,
             approvals=Approvals(journal.approvals),
             run_id=run_id,
             agent_run=session.agent_run,
@@ -1048,31 +571,37 @@ class CodeMode:
         self._live[run_id] = run
         run.store_key = (session_id, session.branch)
         dispatcher.parent = f"exec_{next(self._call_ids)}"
+        dispatcher.span = tracing.run_span(run_id)
         if options.max_output_tokens is not None:
             run.output_chars = min(options.max_output_tokens * 4, self.config.max_output_bytes)
         run.timeout_ms = timeout_ms
         return run, configure
 
+    @tracing.traced("wait")
     def _wait(self, session: Session, args: Any) -> Result:
         started = time.perf_counter()
         claimed = self._claim(session, args, started)
         if isinstance(claimed, Failed):
             return claimed
-        run, configure = claimed
-        return self._driven(run, started, "wait", lambda: self._supervisor.resume(run, configure, run.timeout_ms))
+        run, configure, answer = claimed
+        return self._driven(
+            run, started, "wait", lambda: self._supervisor.resume(run, configure, run.timeout_ms, answer)
+        )
 
+    @tracing.traced("wait")
     async def _wait_async(self, session: Session, args: Any) -> Result:
         started = time.perf_counter()
         claimed = self._claim(session, args, started)
         if isinstance(claimed, Failed):
             return claimed
-        run, configure = claimed
+        run, configure, answer = claimed
         return await self._driven_async(
-            run, started, "wait", self._supervisor.resume_async(run, configure, run.timeout_ms)
+            run, started, "wait", self._supervisor.resume_async(run, configure, run.timeout_ms, answer)
         )
 
-    def _claim(self, session: Session, args: Any, started: float) -> tuple[Run, Configure] | Failed:
-        """The run a `wait` resumes (marked resuming), and the configuration a replay needs."""
+    def _claim(self, session: Session, args: Any, started: float) -> tuple[Run, Configure, str] | Failed:
+        """The run a `wait` resumes (marked resuming), the configuration a replay needs, and
+        the JSON its yields are answered with."""
         if self._closed:
             raise ClosedError("this CodeMode is closed")
         # (No `_sweep` here: the sweeper expires runs, and `claim` refuses an expired one.)
@@ -1080,18 +609,23 @@ class CodeMode:
         if not isinstance(run_id, str) or not run_id:
             return self._invalid(started, "wait requires a `runId` string.")
         try:
+            answer = answer_json(args.get("answer"))
+        except ValueError as e:
+            return self._invalid(started, str(e))
+        try:
             run = self._runs.claim(run_id, session.scope)
         except RunLookupError as e:
             return self._invalid(started, str(e))
         try:
             run.dispatcher.parent = f"wait_{next(self._call_ids)}"
+            run.dispatcher.span = tracing.run_span(run_id)
             configure, view = self._configuration()
             if view.fingerprint != run.journal.catalog_fingerprint:
                 # A replay must see the catalog the run started with; the journal records which.
                 configure = self._configure_for(run)
         except Exception as e:
             return self._broken(run, started, e)
-        return run, configure
+        return run, configure, answer
 
     def _snapshot(self, session_id: str, branch: str) -> dict[str, str]:
         cache = self._store_cache
@@ -1121,13 +655,13 @@ class CodeMode:
         return result
 
     def _shown(self, run: Run, step: Step) -> tuple[list[Output], Any]:
-        """The outputs and value a result shows: with a text budget, cut to it (`_cut`), the
+        """The outputs and value a result shows: with a text budget, cut to it (`outcomes.cut_to_budget`), the
         full texts of the cuts kept for the run's session."""
-        output = _outputs(step.outputs)
+        output = outputs_of(step.outputs)
         if run.output_chars is None:
             return output, step.value
         value = step.value if step.status == "completed" else None
-        return _cut(output, value, run.output_chars, functools.partial(self._output_store.keep, run.scope[0]))
+        return cut_to_budget(output, value, run.output_chars, functools.partial(self._output_store.keep, run.scope[0]))
 
     def _result(self, run: Run, step: Step, telemetry: Telemetry) -> Result:
         output, value = self._shown(run, step)
@@ -1162,14 +696,7 @@ class CodeMode:
                 if self._store_cache is not None:
                     self._store_cache[run.store_key] = self._store.snapshot(*run.store_key)
             return Completed(value=value, telemetry=telemetry, output=output)
-        code_, name, message, _stack = step.failure or ("internal_error", "Error", "unknown failure", "")
-        error = message if code_ is not None else (f"{name}: {message}" if message else name)
-        # One budget: the error gets what the outputs left of maxOutputBytes (at least a line).
-        # (As JSON, like the outputs: the quotes and escapes of the text count too.)
-        budget = run.journal.limits.max_output_bytes
-        left = budget - len(msgspec.json.encode(output)) if output else budget
-        escapes = len(msgspec.json.encode(error)) - utf8_len(error)
-        error = bounded_bytes(error, max(left - escapes, min(budget, MIN_ERROR_BYTES)))
+        error, code_ = failure_text(step.failure, output, run.journal.limits.max_output_bytes)
         return Failed(error=error, code=code_, telemetry=telemetry, output=output)
 
     def _retire(self, run: Run) -> None:
@@ -1278,7 +805,7 @@ class CodeMode:
         configure, view = self._configuration()
         if view.fingerprint != journal.catalog_fingerprint:
             raise CodemodeError("this journal was written against a different tool catalog")
-        problem = _journal_problem(journal, self.config)
+        problem = journal_problem(journal, self.config)
         if problem is not None:
             raise CodemodeError(f"refused journal: {problem}")
         journal.limits = configure.limits
@@ -1335,13 +862,15 @@ class Session:
         #: Suspended runs belong to this key: the session and, if given, the agent run.
         self.scope: Scope = (session_id, agent_run)
 
-    def exec(self, args: dict[str, Any]) -> dict[str, Any]:
+    def exec(self, args: dict[str, Any]) -> ExecResult:
         """Runs one cell; returns the spec's JSON result (``completed``, ``waiting``, ``failed``)."""
-        return self.codemode._exec(self, args, self.codemode._loop.get).to_dict()
+        return as_json(self.codemode._exec(self, args, self.codemode._loop.get))
 
-    def wait(self, args: dict[str, Any]) -> dict[str, Any]:
-        """Resumes a ``waiting`` run (``{"runId": ...}``); the same result union as ``exec``."""
-        return self.codemode._wait(self, args).to_dict()
+    def wait(self, args: dict[str, Any]) -> ExecResult:
+        """Resumes a ``waiting`` run (``{"runId": ...}``); the same result union as ``exec``.
+        ``{"runId": ..., "answer": v}`` answers a run waiting on ``yield_control``: its ``await
+        yield_control(...)`` resolves to ``v`` (any JSON value; none, or null, is undefined)."""
+        return as_json(self.codemode._wait(self, args))
 
     def run(
         self,
@@ -1354,9 +883,9 @@ class Session:
         args = {"code": code, "language": language, "restartSafe": restart_safe}
         return self.codemode._exec(self, args, self.codemode._loop.get)
 
-    def resume(self, run_id: str) -> Result:
+    def resume(self, run_id: str, answer: Any = None) -> Result:
         """Typed ``wait``."""
-        return self.codemode._wait(self, {"runId": run_id})
+        return self.codemode._wait(self, {"runId": run_id, "answer": answer})
 
     def cancel(self, run_id: str) -> bool:
         """Aborts one of this session's suspended runs and cancels its tool tasks."""
@@ -1399,11 +928,11 @@ class Session:
         if name == "exec":
             return cm._exec(self, args, cm._loop.get, outer_hook=True).to_dict()
         if name == "wait":
-            return self.wait(args)
+            return cm._wait(self, args).to_dict()
         if name == "tool_search_code":
             cell = _search_code_cell(args)
             return cm._exec(self, cell, cm._loop.get, min_timeout_ms=TOOL_SEARCH_CODE_MIN_TIMEOUT_MS).to_dict()
-        return self._handle_catalog(name, args)
+        return self.codemode.model_surface.handle_catalog(self.session_id, name, args)
 
     async def handle_async(self, name: str, args: dict[str, Any] | None) -> dict[str, Any]:
         """``handle`` as a coroutine: cells run as ``exec_async`` does (on this loop), and the
@@ -1414,44 +943,22 @@ class Session:
         if name == "exec":
             return (await cm._exec_async(self, args, outer_hook=True)).to_dict()
         if name == "wait":
-            return await self.wait_async(args)
+            return (await cm._wait_async(self, args)).to_dict()
         if name == "tool_search_code":
             cell = _search_code_cell(args)
             return (await cm._exec_async(self, cell, min_timeout_ms=TOOL_SEARCH_CODE_MIN_TIMEOUT_MS)).to_dict()
-        return await asyncio.to_thread(self._handle_catalog, name, args)
+        return await asyncio.to_thread(self.codemode.model_surface.handle_catalog, self.session_id, name, args)
 
-    def _handle_catalog(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
-        """The structured surfaces' calls: ``tool_search``, ``tool_describe``, ``tool_call``, and
-        a direct (or direct-only) tool by its name."""
-        cm = self.codemode
-        if name == "tool_search":
-            query = args.get("query")
-            limit = args.get("limit", cm.config.search_default_limit)
-            if not isinstance(query, str) or not isinstance(limit, int):
-                return {"error": "tool_search needs a `query` string and an optional integer `limit`"}
-            limit = min(max(limit, 1), cm.config.max_search_limit)
-            return {"results": msgspec.json.decode(cm._search_catalog().search(query, limit))}
-        if name == "tool_describe":
-            found = cm._search_catalog().describe(str(args.get("id", "")))
-            return msgspec.json.decode(found) if found is not None else {"error": f"unknown tool: {args.get('id')}"}
-        if name == "tool_call":
-            tool_id = str(args.get("id", ""))
-            refused = cm._tool_call_refusal(tool_id)
-            if refused is not None:
-                return {"tool": tool_id, "error": refused}
-            return cm.call_tool(self, tool_id, args.get("args", {}))
-        target = cm._direct_target(name)
-        if target is not None:
-            return cm.call_tool(self, target, args)
-        return {"error": f"unknown tool: {name}"}
-
-    async def exec_async(self, args: dict[str, Any]) -> dict[str, Any]:
+    async def exec_async(self, args: dict[str, Any], *, seed: int | None = None) -> ExecResult:
         """``exec`` as a coroutine on this loop (no thread waits for it); async tools run on this
-        loop, sync tools on a bounded pool (`supervisor.SYNC_TOOL_THREADS`)."""
-        return (await self.codemode._exec_async(self, args)).to_dict()
+        loop, sync tools on a bounded pool (`supervisor.SYNC_TOOL_THREADS`). ``seed`` (0 to
+        2**63 - 1) makes the run reproducible: it fixes the cell's ``Math.random`` sequence and its
+        clock (``Date`` starts at a time the seed gives and moves 1 ms a read, whatever the real
+        time: `runs.fixed_clock_start`); by default each run draws its own and reads the real clock."""
+        return as_json(await self.codemode._exec_async(self, args, seed=seed))
 
-    async def wait_async(self, args: dict[str, Any]) -> dict[str, Any]:
-        return (await self.codemode._wait_async(self, args)).to_dict()
+    async def wait_async(self, args: dict[str, Any]) -> ExecResult:
+        return as_json(await self.codemode._wait_async(self, args))
 
     async def run_async(
         self,
@@ -1463,6 +970,6 @@ class Session:
         args = {"code": code, "language": language, "restartSafe": restart_safe}
         return await self.codemode._exec_async(self, args)
 
-    async def resume_async(self, run_id: str) -> Result:
+    async def resume_async(self, run_id: str, answer: Any = None) -> Result:
         """Typed ``wait_async``."""
-        return await self.codemode._wait_async(self, {"runId": run_id})
+        return await self.codemode._wait_async(self, {"runId": run_id, "answer": answer})

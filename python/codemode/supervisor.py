@@ -64,7 +64,6 @@ from .protocol import (
     Replay,
     Report,
     Settle,
-    Start,
     decode_guest_json,
     input_hash,
     too_heavy,
@@ -429,20 +428,24 @@ class Supervisor:
             self._enqueue(run, "start", out)
         _run_all(out)
 
-    def resume(self, run: Run, configure: Configure, timeout_ms: int) -> Step:
-        """Goes on with a suspended run (``wait``): delivers what its tools (or yields) answered
-        and drives it on, replaying its journal first if its runtime is gone."""
+    def resume(self, run: Run, configure: Configure, timeout_ms: int, answer: str = "null") -> Step:
+        """Goes on with a suspended run (``wait``): delivers what its tools answered, and
+        ``answer`` (JSON) to its yields, and drives it on, replaying its journal first if its
+        runtime is gone."""
         waiter = Waiter()
-        ready = self._begin_resume(run, configure, timeout_ms, waiter)
+        ready = self._begin_resume(run, configure, timeout_ms, waiter, answer)
         return ready if ready is not None else self._wait_sync(run, waiter)
 
-    async def resume_async(self, run: Run, configure: Configure, timeout_ms: int) -> Step:
+    async def resume_async(self, run: Run, configure: Configure, timeout_ms: int, answer: str = "null") -> Step:
         waiter = Waiter(asyncio.get_running_loop())
-        ready = self._begin_resume(run, configure, timeout_ms, waiter)
+        ready = self._begin_resume(run, configure, timeout_ms, waiter, answer)
         return ready if ready is not None else await self._wait_async(run, waiter)
 
-    def _begin_resume(self, run: Run, configure: Configure, timeout_ms: int, waiter: Waiter) -> Step | None:
-        """Attaches ``waiter`` to the run; the step at once if an advance already ended it."""
+    def _begin_resume(
+        self, run: Run, configure: Configure, timeout_ms: int, waiter: Waiter, answer: str
+    ) -> Step | None:
+        """Attaches ``waiter`` to the run; the step at once if an advance already ended it.
+        A yield's answer is settled like a tool result, so its journal keeps it for a replay."""
         out: Out = []
         with self._lock:
             if self._closed:
@@ -469,7 +472,7 @@ class Supervisor:
                 step.deadline = time.monotonic() + timeout_ms / 1000.0
                 step.extended = False
                 if run.yields:
-                    run.dispatcher.requeue([(call_id, True, "null") for call_id in run.yields])
+                    run.dispatcher.requeue([(call_id, True, answer) for call_id in run.yields])
                     run.yields.clear()
                 lane = run.lane
                 if lane is not None:
@@ -1132,16 +1135,7 @@ class Supervisor:
         if kind == "start":
             run.engine_run = next(self._run_ids)
             step.deadline += waited
-            frames.append(
-                Start(
-                    run.engine_run,
-                    journal.source,
-                    journal.language,
-                    float(run.timeout_ms),
-                    journal.seed,
-                    journal.run_json,
-                )
-            )
+            frames.append(journal.start_frame(run.engine_run, float(run.timeout_ms)))
             kill_at = step.deadline + KILL_GRACE_S
             lane.started += 1
             if lane.started >= RUNS_PER_WORKER and not lane.retiring:
@@ -1173,9 +1167,7 @@ class Supervisor:
             kill_at = step.deadline + KILL_GRACE_S
         else:
             run.engine_run = next(self._run_ids)
-            start = Start(
-                run.engine_run, journal.source, journal.language, float(run.timeout_ms), journal.seed, journal.run_json
-            )
+            start = journal.start_frame(run.engine_run, float(run.timeout_ms))
             frames.append(Replay(start, journal.batches, journal.clock_reads))
             step.deadline += waited
             # The replay has the budget the engine gives it (a timeout per step).

@@ -6,8 +6,11 @@
     directory         the same three, with a bounded directory of names and descriptions
     direct            every tool as its own definition (what code mode replaces)
 
-Schemas are provider-safe: flat string enums, never `oneOf`/`anyOf`; the code surface's are
-valid in OpenAI strict mode (optional fields are nullable). Code mode fails closed: if
+Schemas are provider-safe: flat string enums, never `oneOf`; the control tools' never `anyOf`
+either, and the code surface's are valid in OpenAI strict mode (optional fields are nullable).
+A tool's own schema (the direct surface, direct-only tools) is sent through `provider_schema`:
+`X | None` becomes a nullable type list, as strict mode writes it, and a `oneOf` an `anyOf`; a
+union of objects stays an `anyOf`, which every provider reads. Code mode fails closed: if
 the engine cannot run, `exec` answers `runtime_unavailable`; the surface never silently widens to
 the direct tools.
 """
@@ -22,6 +25,7 @@ __all__ = [
     "SURFACES",
     "ModelTool",
     "Surface",
+    "provider_schema",
     "strict_problem",
     "to_anthropic",
     "to_openai",
@@ -61,13 +65,24 @@ EXEC_SCHEMA: dict[str, Any] = {
     "required": ["code", "language", "restartSafe"],
     "additionalProperties": False,
 }
+#: ``answer`` is nullable (strict mode), and a string: what a model answers with. A host's
+#: ``Session.wait`` takes any JSON value there.
 WAIT_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "properties": {"runId": {"type": "string", "description": "The runId of a `waiting` result."}},
-    "required": ["runId"],
+    "properties": {
+        "runId": {"type": "string", "description": "The runId of a `waiting` result."},
+        "answer": {
+            "type": ["string", "null"],
+            "description": "For reason `yield`: what `await yield_control(...)` resolves to. null: undefined.",
+        },
+    },
+    "required": ["runId", "answer"],
     "additionalProperties": False,
 }
-WAIT_DESCRIPTION = "Resume a code mode run that returned `waiting`: pass its runId. Returns the same result as exec."
+WAIT_DESCRIPTION = (
+    "Resume a code mode run that returned `waiting`: pass its runId (and, if it yielded, your answer)."
+    " Returns the same result as exec."
+)
 TOOL_SEARCH_CODE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {"code": {"type": "string", "description": "JavaScript: an async function body."}},
@@ -139,6 +154,62 @@ def directory_listing(entries: list[tuple[str, str]], max_chars: int = DIRECTORY
         lines.append(line)
         used += len(line) + 1
     return "\n".join(lines)
+
+
+#: Keywords whose values are data, not schemas: `provider_schema` leaves them as they are.
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "example"})
+#: Keywords whose values map names to schemas (a property may be called `default`).
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
+#: Nesting past which `provider_schema` leaves a schema as it is (an MCP server's is untrusted).
+_MAX_SCHEMA_DEPTH = 64
+
+
+def provider_schema(schema: Any, depth: int = 0) -> Any:
+    """``schema`` (a tool's own input schema) as every provider reads it, in a new object: a
+    nullable ``{"anyOf": [X, {"type": "null"}]}`` (how msgspec and pydantic write ``X | None``)
+    becomes ``X`` with a type list (``{"type": ["boolean", "null"]}``, an ``enum`` gaining
+    ``null``), as OpenAI strict mode writes an optional field, and a ``oneOf`` becomes an
+    ``anyOf`` (the host still checks every input against the tool's own schema). Other unions
+    (of objects, of ``$ref``s) stay ``anyOf``."""
+    if not isinstance(schema, dict) or depth > _MAX_SCHEMA_DEPTH:
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: provider_schema(sub, depth + 1) for name, sub in value.items()}
+        elif key in _DATA_KEYWORDS:
+            out[key] = value
+        elif isinstance(value, list):
+            out[key] = [provider_schema(item, depth + 1) for item in value]
+        else:
+            out[key] = provider_schema(value, depth + 1)
+    if "oneOf" in out and "anyOf" not in out:
+        out["anyOf"] = out.pop("oneOf")
+    return _nullable(out) or out
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any] | None:
+    """``{"anyOf": [X, {"type": "null"}], ...}`` as one node with a nullable type, or None when
+    it is no such thing or the two do not merge cleanly."""
+    branches = schema.get("anyOf")
+    if not isinstance(branches, list) or len(branches) != 2 or {"type": "null"} not in branches:
+        return None
+    others = [branch for branch in branches if branch != {"type": "null"}]
+    other = others[0] if len(others) == 1 else None
+    if not isinstance(other, dict) or any(key in other for key in ("const", "anyOf", "oneOf", "allOf", "$ref")):
+        return None
+    kind, enum = other.get("type"), other.get("enum")
+    if not (isinstance(kind, str) and kind != "null") and not (kind is None and isinstance(enum, list)):
+        return None
+    rest = {key: value for key, value in schema.items() if key != "anyOf"}
+    if any(key in rest and rest[key] != value for key, value in other.items()):
+        return None
+    merged = {**other, **rest}
+    if kind is not None:
+        merged["type"] = [kind, "null"]
+    if isinstance(enum, list) and None not in enum:
+        merged["enum"] = [*enum, None]
+    return merged
 
 
 #: The JSON types OpenAI strict mode knows.

@@ -25,11 +25,11 @@ import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 
-from . import _engine, catalog
+from . import _engine, catalog, tracing
 from .approvals import Approvals, FiledCall, shown_input
 from .errors import ToolDefinitionError
 from .hotloop import HotLoop
@@ -50,6 +50,9 @@ from .policy import (
     TraceEvent,
 )
 from .protocol import too_heavy, utf8_len
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 __all__ = [
     "MAX_BRIDGE_BYTES",
@@ -787,6 +790,8 @@ class Dispatcher:
         self._read_only = read_only
         #: The exec/wait call the next calls belong to (for hooks and the trace).
         self.parent = ""
+        #: Its OpenTelemetry span, the parent of the next calls' spans (None when untraced).
+        self.span: tracing.RunSpan | None = None
         #: Namespace calls arrive under a marker id; this maps their call ids to the real tool.
         self.resolved: dict[int, str] = {}
         #: Results ready to hand over, each with its payload's size (`result_bytes`).
@@ -844,7 +849,8 @@ class Dispatcher:
             if decision.ok:
                 plans.append((call_id, _Plan(None, filed.run, inline=filed.inline)))
             else:
-                self._record(call_id, filed.tool_id, time.perf_counter(), False)
+                span = self._call_span(call_id, filed.tool_id)
+                self._record(call_id, filed.tool_id, time.perf_counter(), False, span)
                 plans.append((call_id, _Plan(None, functools.partial(filed.refuse, decision.reason))))
         return self._launch(plans)
 
@@ -1047,24 +1053,37 @@ class Dispatcher:
         """Runs a sync tool (``gated``: its call has passed the gate); None if its approval
         comes later (the call is filed)."""
         started = time.perf_counter()
+        span = self._call_span(call_id, tool.id)
         try:
             if not gated:
                 args = self._gate_sync(call_id, tool, args)
             positional, keywords = self._arguments(call_id, tool, args)
-            result = self._finish(call_id, tool, tool.fn(*positional, **keywords))
+            if span is None:
+                value = tool.fn(*positional, **keywords)
+            else:
+                value = tracing.call_in(span, tool.fn, positional, keywords)
+            result = self._finish(call_id, tool, value)
         except Blocked as e:
             result = _blocked_result(call_id, tool, e)
         except Deferred as deferred:
             resume = functools.partial(self._run_sync, call_id, tool, deferred.input, True)
             try:
                 self._file(call_id, deferred, FiledCall(tool.id, None, resume, True, self._refusal(call_id, tool)))
+                if span is not None:
+                    tracing.end_call(span, "deferred", started)
                 return None
             except Blocked as e:
                 result = _blocked_result(call_id, tool, e)
         except BaseException as e:  # a hook or tool fails its own call, whatever it raises
             result = (call_id, False, _error_message(tool.id, e))
-        self._record(call_id, tool.id, started, result[1])
+        self._record(call_id, tool.id, started, result[1], span)
         return result
+
+    def _call_span(self, call_id: int, tool_id: str) -> Span | None:
+        """A starting call's span, the child of the exec/wait span that starts it (`tracing`);
+        None when untraced."""
+        run_span = self.span
+        return None if run_span is None else tracing.start_call(run_span, call_id, tool_id, self.run_id)
 
     def _arguments(self, call_id: int, tool: Tool, args: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The arguments ``tool.fn`` is called with for the input ``args`` (`catalog.Parameters`),
@@ -1102,7 +1121,9 @@ class Dispatcher:
                 return (call_id, False, f"tool {tool.id} returned a value that breaks its output contract: {problem}")
         return (call_id, True, payload.decode())
 
-    def _record(self, call_id: int, tool_id: str, started: float, ok: bool) -> None:
+    def _record(self, call_id: int, tool_id: str, started: float, ok: bool, span: Span | None) -> None:
+        if span is not None:
+            tracing.end_call(span, "ok" if ok else "error", started)
         trace = self._gate.trace
         if trace is not None:
             trace.add(
@@ -1164,15 +1185,21 @@ class Dispatcher:
     ) -> None:
         """Starts ``call`` on its loop (at once, as a task, when this is that loop's thread)."""
         started = time.perf_counter()
+        span = self._call_span(call_id, label)
 
         async def guarded() -> None:
+            if span is not None:
+                tracing.enter(span)
             # Delivers from inside the task: no extra loop iterations for future callbacks.
             try:
                 result = await call()
             except asyncio.CancelledError as e:
                 with self._lock:
-                    if call_id not in self._futures:
-                        raise  # the host cancelled it (`cancel` forgets it first): nobody waits
+                    cancelled = call_id not in self._futures
+                if cancelled:  # the host cancelled it (`cancel` forgets it first): nobody waits
+                    if span is not None:
+                        tracing.end_call(span, "cancelled", started)
+                    raise
                 # The tool raised it, or cancelled its own task: its call fails like any other.
                 result = (call_id, False, _error_message(label, e))
             except BaseException as e:  # it fails its own call; the loop (shared) goes on
@@ -1181,8 +1208,10 @@ class Dispatcher:
                 with self._lock:
                     self._futures.pop(call_id, None)
                     self._loops.pop(call_id, None)
+                if span is not None:
+                    tracing.end_call(span, "deferred", started)
                 return
-            self._deliver(call_id, label, started, result)
+            self._deliver(call_id, label, started, result, span)
 
         target = (loop or self._loop)()
         try:
@@ -1204,6 +1233,8 @@ class Dispatcher:
             future = asyncio.run_coroutine_threadsafe(coro, target)
         except BaseException:
             coro.close()  # (never scheduled: its loop is closed)
+            if span is not None:
+                tracing.end_call(span, "error", started)
             raise
         with self._lock:
             if call_id in self._futures:
@@ -1211,8 +1242,8 @@ class Dispatcher:
                 return
         future.cancel()  # cancelled meanwhile (a no-op if it was delivered already)
 
-    def _deliver(self, call_id: int, label: str, started: float, result: Result) -> None:
-        self._record(call_id, label, started, result[1])
+    def _deliver(self, call_id: int, label: str, started: float, result: Result, span: Span | None) -> None:
+        self._record(call_id, label, started, result[1], span)
         with self._lock:
             if call_id not in self._futures:
                 return  # cancelled

@@ -14,10 +14,10 @@ from typing import Any
 import msgspec
 import pytest
 from codemode import CodeMode, CodemodeError
+from codemode.cells import MAX_SOURCE_CHARS
 from codemode.config import BOUNDS, load_config
 from codemode.protocol import MAX_VALUE_CONTAINERS
 from codemode.runs import Journal
-from codemode.session import MAX_SOURCE_CHARS
 
 MiB = 1 << 20
 SPIN = "let x = 0; for (let i = 0; i < 4e6; i++) { x += i } return x"

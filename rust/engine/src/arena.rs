@@ -32,8 +32,9 @@
 //! The contract that keeps a reset sound: between [`Heap::with`] and the next reset nothing
 //! allocated in the arena may be kept outside it (the worker drops each report after sending
 //! it), and nothing outside may come to hold a pointer into it: process-wide lazy state first
-//! built during a cell must be built [`outside`] the arena (the prelude bytecode, the search
-//! index's fuzzy table, the TypeScript front end all are), or a reset would leave it dangling.
+//! built during a cell must be built [`outside`] the arena (the search index's fuzzy table is,
+//! and the TypeScript front end runs there; the prelude's bytecode is compiled at build time),
+//! or a reset would leave it dangling.
 //! Per-runtime state inside the arena is fine: that is what the image restores. An arena is
 //! used by one thread (a `Heap` is not `Send`), and a value it gave must not be freed on
 //! another thread while that one uses the heap: the worker is single-threaded.

@@ -7,24 +7,21 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::ffi::CString;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use rquickjs::context::{intrinsic, EvalOptions};
+use rquickjs::context::EvalOptions;
 use rquickjs::promise::PromiseState;
 use rquickjs::{qjs, Context, Ctx, Exception, Function, Object, Persistent, Promise, Runtime, Value};
 
 use crate::alloc::LimitedAllocator;
 use crate::arena;
+use crate::bytecode::{sandbox_context, PRELUDE_SOURCE, WEB_SOURCE};
 use crate::catalog::Catalog;
 use crate::frontend::{self, Language};
 use crate::limits::{json_nests_deeper_than, Abort, Flags, Limits, MAX_VALUE_DEPTH};
-
-/// The prelude, wrapped by the web APIs' lazy globals (web_lazy.js, called with `install`).
-const PRELUDE_SOURCE: &str = concat!(include_str!("web_lazy.js"), "(", include_str!("prelude.js"), ")");
 
 /// Output calls (`text`, `json`, `console.*`, `image`) one run may make (seed 002's bound).
 pub const MAX_OUTPUT_CALLS: usize = 100_000;
@@ -92,7 +89,7 @@ pub const YIELD_TOOL: &str = "\u{0}yield";
 pub fn prelude_hash() -> u64 {
     PRELUDE_SOURCE
         .bytes()
-        .chain(crate::web::SOURCE.bytes())
+        .chain(WEB_SOURCE.bytes())
         .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
@@ -370,6 +367,8 @@ struct State {
     clock_reads: Vec<ClockRun>,
     /// Readings to serve before the real clock (journal replay), oldest last.
     clock_replay: Vec<ClockRun>,
+    /// A fixed clock's next reading (`fix_clock`): each read gives it and moves it on 1 ms.
+    clock_fixed: Option<f64>,
 }
 
 /// The prelude functions Rust calls; never reachable from guest code.
@@ -406,75 +405,8 @@ impl Drop for Engine {
     }
 }
 
-/// The prelude compiled once per process; loading bytecode skips parsing on every run.
-/// Compiled outside any arena: it outlives every engine heap (see `arena`).
-fn prelude_bytecode() -> Result<&'static [u8], EngineError> {
-    static BYTECODE: OnceLock<Result<Vec<u8>, EngineError>> = OnceLock::new();
-    BYTECODE.get_or_init(|| arena::outside(compile_prelude)).as_ref().map(Vec::as_slice).map_err(Clone::clone)
-}
-
-/// The guest's intrinsics: no `WeakRef`/`FinalizationRegistry` (GC-observable, nondeterministic)
-/// and no `performance` (a clock outside the journal).
-fn sandbox_context(runtime: &Runtime) -> rquickjs::Result<Context> {
-    Context::builder()
-        .with::<intrinsic::Date>()
-        .with::<intrinsic::Eval>()
-        .with::<intrinsic::RegExpCompiler>()
-        .with::<intrinsic::RegExp>()
-        .with::<intrinsic::Json>()
-        .with::<intrinsic::Proxy>()
-        .with::<intrinsic::MapSet>()
-        .with::<intrinsic::TypedArrays>()
-        .with::<intrinsic::Promise>()
-        .build(runtime)
-}
-
-fn compile_prelude() -> Result<Vec<u8>, EngineError> {
-    compile_script(PRELUDE_SOURCE, c"<prelude>")
-}
-
-/// Compiles trusted source (never a guest's) to bytecode in a scratch runtime. The source text
-/// is left out: QuickJS keeps a copy per nested function (the prelude's bytecode was 3.7 times
-/// bigger with it, and every run reads it); stacks keep their lines, and `toString` of a
-/// prelude function shows `[native code]`.
-pub(crate) fn compile_script(code: &str, name: &std::ffi::CStr) -> Result<Vec<u8>, EngineError> {
-    let runtime = Runtime::new()?;
-    let context = sandbox_context(&runtime)?;
-    let source = CString::new(code).map_err(|e| EngineError(e.to_string()))?;
-    context.with(|ctx| {
-        let raw = ctx.as_raw().as_ptr();
-        // SAFETY: `raw` is the live context of this `with` scope; the compiled function is owned
-        // by `compiled` and freed when it drops; the buffer from JS_WriteObject is copied and
-        // freed with the context's allocator.
-        unsafe {
-            let value = qjs::JS_Eval(
-                raw,
-                source.as_ptr(),
-                code.len() as _,
-                name.as_ptr(),
-                (qjs::JS_EVAL_TYPE_GLOBAL | qjs::JS_EVAL_FLAG_STRICT | qjs::JS_EVAL_FLAG_COMPILE_ONLY) as i32,
-            );
-            if qjs::JS_IsException(value) {
-                let error = ctx.catch();
-                return Err(EngineError(format!("{name:?} does not compile: {error:?}")));
-            }
-            let compiled = Value::from_raw(ctx.clone(), value);
-            let mut len: qjs::size_t = 0;
-            let buf = qjs::JS_WriteObject(
-                raw,
-                &mut len,
-                compiled.as_raw(),
-                (qjs::JS_WRITE_OBJ_BYTECODE | qjs::JS_WRITE_OBJ_STRIP_SOURCE) as i32,
-            );
-            if buf.is_null() {
-                return Err(EngineError(format!("{name:?} bytecode could not be written")));
-            }
-            let bytes = std::slice::from_raw_parts(buf, len as usize).to_vec();
-            qjs::js_free(raw, buf.cast());
-            Ok(bytes)
-        }
-    })
-}
+/// The prelude's bytecode, compiled at build time (`bytecode.rs`); loading it skips parsing.
+const PRELUDE_BYTECODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/prelude.qbc"));
 
 /// Throws an error no guest `catch` can intercept: the run is over.
 pub(crate) fn throw_uncatchable(ctx: &Ctx<'_>, message: &str) -> rquickjs::Error {
@@ -517,10 +449,18 @@ impl Engine {
             output_calls: 0,
             clock_reads: Vec::new(),
             clock_replay: Vec::new(),
+            clock_fixed: None,
         }));
-        let bytecode = prelude_bytecode()?;
-        let internals = context.with(|ctx| install_prelude(&ctx, bytecode, &state, &flags))?;
+        let internals = context.with(|ctx| install_prelude(&ctx, PRELUDE_BYTECODE, &state, &flags))?;
         Ok(Engine { cell: None, decided: None, internals, state, context, runtime, flags, started: false })
+    }
+
+    /// Makes the clock fixed, for a reproducible run: the first read gives `start_ms`, each read
+    /// after it 1 ms more (a loop that waits for the clock still ends), whatever the real time.
+    /// A function of the reads alone, so no reading is reported: a replay with the same start
+    /// reads the same values.
+    pub fn fix_clock(&mut self, start_ms: f64) {
+        self.state.borrow_mut().clock_fixed = Some(start_ms);
     }
 
     /// Serves these clock readings (runs, oldest first) before the real clock: journal replay.
@@ -814,11 +754,11 @@ fn internal(ctx: &Ctx<'_>, error: rquickjs::Error) -> Failure {
     Failure::new(ErrorCode::InternalError, "Error", caught(ctx, error))
 }
 
-/// Reads and runs bytecode that [`compile_script`] wrote in this process; gives its completion value.
+/// Reads and runs bytecode that [`crate::bytecode::compile`] wrote at build time; gives its completion value.
 pub(crate) fn run_bytecode<'js>(ctx: &Ctx<'js>, bytecode: &[u8]) -> Result<Value<'js>, EngineError> {
     let raw = ctx.as_raw().as_ptr();
-    // SAFETY: the bytecode was written by this process from trusted source (never from a guest
-    // or a store); JS_EvalFunction consumes the read object and returns an owned value.
+    // SAFETY: the bytecode was written at build time, by this QuickJS, from our own source (never
+    // from a guest, a file or a store); JS_EvalFunction consumes the read object and returns an owned value.
     unsafe {
         let object = qjs::JS_ReadObject(raw, bytecode.as_ptr(), bytecode.len() as _, qjs::JS_READ_OBJ_BYTECODE as i32);
         if qjs::JS_IsException(object) {
@@ -974,6 +914,10 @@ fn install_prelude<'js>(
         "now",
         Function::new(ctx.clone(), move |ctx: Ctx<'js>| -> rquickjs::Result<f64> {
             let mut st = clock_state.borrow_mut();
+            if let Some(reading) = st.clock_fixed {
+                st.clock_fixed = Some(reading + 1.0);
+                return Ok(reading);
+            }
             let reading = match st.clock_replay.last_mut() {
                 Some((value, count)) => {
                     let value = *value;
@@ -1114,6 +1058,12 @@ fn install_prelude<'js>(
 mod tests {
     use super::*;
     use crate::frontend::deep::{constructs, deepest_accepted};
+
+    #[test]
+    fn the_embedded_prelude_bytecode_is_this_source_compiled() {
+        let fresh = crate::bytecode::compile(PRELUDE_SOURCE, crate::bytecode::PRELUDE_NAME);
+        assert_eq!(fresh.as_deref(), Ok(PRELUDE_BYTECODE));
+    }
 
     fn engine() -> Engine {
         match Engine::new(Limits::default(), Arc::new(Catalog::empty())) {

@@ -5,6 +5,7 @@
 
 mod alloc;
 pub mod arena;
+mod bytecode;
 pub mod catalog;
 pub mod engine;
 pub mod frontend;

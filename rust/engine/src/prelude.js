@@ -742,14 +742,16 @@
   const absent = ["WeakRef", "FinalizationRegistry", "performance", "setTimeout", "setInterval", "require", "process"];
   for (let i = 0; i < absent.length; i++) delete G[absent[i]];
 
-  // Hands control back to the model: the host answers it on the next `wait`.
+  // Hands control back to the model: the host answers it on the next `wait`, settling it with
+  // that `wait`'s `answer` (JSON), or `null` for none, which resolves to undefined.
   function yield_control(reason) {
     const record = callRecord("yield_control", "");
     const text = reason === undefined ? null : StringCtor(reason);
     return alias(resumed(hostCall(YIELD_TOOL, toJson(text, record), VIA_YIELD, record)), record);
   }
   async function resumed(yielded) {
-    await yielded;
+    const answer = await yielded;
+    return answer === null ? undefined : answer;
   }
 
   // Reads back the full text of a cut output (the cut note names its handle), a piece at a time:

@@ -16,9 +16,8 @@
 //! `memory_limit_exceeded` before the allocation, never takes the worker down.
 
 use std::borrow::Cow;
-use std::ffi::CStr;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig, STANDARD};
 use base64::engine::DecodePaddingMode;
@@ -26,11 +25,8 @@ use base64::{alphabet, Engine as _};
 use rquickjs::{qjs, Array, Ctx, Exception, Function, Object, Value};
 use url::{quirks, Url};
 
-use crate::engine::{compile_script, run_bytecode, throw_uncatchable, EngineError};
+use crate::engine::{run_bytecode, throw_uncatchable};
 use crate::limits::{Abort, Flags};
-
-/// The web APIs' JavaScript, read into a run on first use; part of the prelude's identity.
-pub(crate) const SOURCE: &str = include_str!("web.js");
 
 /// Bytes a host function holds outside the QuickJS heap while it works, counted in
 /// `Flags::held` (which the allocator adds to the heap) until it returns.
@@ -247,26 +243,16 @@ fn number<'js>(ctx: &Ctx<'js>, n: usize) -> Value<'js> {
 
 // ---- the web bytecode --------------------------------------------------------------------------
 
-/// `web.js` compiled once per process, on first use (most cells never touch a web API); a
-/// cell's first use runs in its engine's arena, so it is compiled outside it (see `arena`).
-fn web_bytecode() -> Result<&'static [u8], EngineError> {
-    static BYTECODE: OnceLock<Result<Vec<u8>, EngineError>> = OnceLock::new();
-    BYTECODE
-        .get_or_init(|| crate::arena::outside(|| compile_script(SOURCE, WEB_NAME)))
-        .as_ref()
-        .map(Vec::as_slice)
-        .map_err(Clone::clone)
-}
-
-const WEB_NAME: &CStr = c"<web>";
+/// `web.js` compiled at build time (`bytecode.rs`), read into a run on its first use of a web
+/// API (most cells never touch one).
+const WEB_BYTECODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/web.qbc"));
 
 /// Hands `web_lazy.js` `host.loadWeb()`, which gives `[installWeb, host functions]` on the
 /// run's first use of a web API: a run that never uses one builds neither.
 pub(crate) fn install_host<'js>(ctx: &Ctx<'js>, host: &Object<'js>, flags: &Arc<Flags>) -> rquickjs::Result<()> {
     let flags = flags.clone();
     let load = Function::new(ctx.clone(), move |ctx: Ctx<'js>| -> rquickjs::Result<Array<'js>> {
-        let install = web_bytecode()
-            .and_then(|bytecode| run_bytecode(&ctx, bytecode))
+        let install = run_bytecode(&ctx, WEB_BYTECODE)
             .map_err(|e| Exception::throw_internal(&ctx, &format!("web APIs unavailable: {e}")))?;
         let out = Array::new(ctx.clone())?;
         define_index(&ctx, &out, 0, install)?;
@@ -666,7 +652,8 @@ mod tests {
     }
 
     #[test]
-    fn web_js_compiles_to_bytecode() {
-        assert!(web_bytecode().map(|b| !b.is_empty()).unwrap_or(false));
+    fn the_embedded_web_bytecode_is_this_source_compiled() {
+        let fresh = crate::bytecode::compile(crate::bytecode::WEB_SOURCE, crate::bytecode::WEB_NAME);
+        assert_eq!(fresh.as_deref(), Ok(WEB_BYTECODE));
     }
 }

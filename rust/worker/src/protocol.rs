@@ -397,6 +397,8 @@ frame!(
         seed: u64,
         /// The run's setup: `{"namespaces"?: [...], "store"?: {key: json}}` (`{}` for none).
         run_json: Text = Text(String::from("{}")),
+        /// A fixed clock's first reading (ms since the epoch), or the real clock.
+        clock_start: Option<f64> = None,
     }
 );
 
@@ -569,6 +571,7 @@ mod tests {
             timeout_ms: 1000.5,
             seed: u64::MAX,
             run_json: "{}".into(),
+            clock_start: Some(1_735_689_600_000.0),
         }));
         roundtrip(AnyFrame::Report(Report {
             run: 3,

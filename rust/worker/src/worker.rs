@@ -184,8 +184,12 @@ impl Worker {
             Ok(engine) => engine,
             Err(message) => return fault(start.run, message),
         };
-        let outcome =
-            engine.with(|engine| engine.start(&start.source, language, start.timeout_ms, start.seed, &start.run_json));
+        let outcome = engine.with(|engine| {
+            if let Some(clock_start) = start.clock_start {
+                engine.fix_clock(clock_start);
+            }
+            engine.start(&start.source, language, start.timeout_ms, start.seed, &start.run_json)
+        });
         self.keep(start.run, engine, pending(&outcome));
         WorkerFrame::Report(report(start.run, outcome))
     }
@@ -250,6 +254,9 @@ impl Worker {
         let (outcome, calls) = engine.with(|engine| {
             let readings: Vec<(f64, u32)> = clock_reads.iter().map(|&(ms, count)| (ms, count.get())).collect();
             engine.replay_clock(&readings);
+            if let Some(clock_start) = start.clock_start {
+                engine.fix_clock(clock_start);
+            }
             let mut outcome = engine.start(&start.source, language, start.timeout_ms, start.seed, &start.run_json);
             let mut calls: Vec<Call> = hashed(&outcome.calls).collect();
             for batch in batches {
