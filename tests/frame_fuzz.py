@@ -393,10 +393,10 @@ def run_worker(data: bytes, chunks: list[int]) -> tuple[list[Any], BaseException
     the exception that ended reading, and its exit status (``Popen.returncode``)."""
     import subprocess
 
-    from codemode.workers import WORKER_ADDRESS_SLACK, WORKER_BINARY
+    from codemode.workers import WORKER_BINARY, WORKER_MEMORY_SLACK
 
     proc = subprocess.Popen(
-        [WORKER_BINARY, str(WORKER_ADDRESS_SLACK + (2 << 30)), "60"],
+        [WORKER_BINARY, str(WORKER_MEMORY_SLACK + (2 << 30)), "60"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

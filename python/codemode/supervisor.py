@@ -71,7 +71,7 @@ from .protocol import (
     utf8_len,
 )
 from .runs import JournalCall, Phase, Run, Step
-from .workers import READER_THREAD, WORKER_ADDRESS_SLACK, Inflight, Lane, WorkerProcess
+from .workers import READER_THREAD, WORKER_MEMORY_SLACK, Inflight, Lane, WorkerProcess
 
 __all__ = ["KILL_GRACE_S", "SYNC_TOOL_THREADS", "Supervisor"]
 
@@ -340,7 +340,7 @@ class Supervisor:
     # ---- lanes -------------------------------------------------------------------------------
     def _spawn_locked(self) -> Lane | None:
         try:
-            worker = WorkerProcess(self._max_memory + WORKER_ADDRESS_SLACK)
+            worker = WorkerProcess(self._max_memory + WORKER_MEMORY_SLACK)
         except OSError as e:
             self._spawn_error = f"could not start a worker process: {e}"
             return None

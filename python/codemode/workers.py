@@ -10,7 +10,7 @@
 
 Workers are separate processes: the ``codemode-worker`` binary shipped next to this module
 (rust/worker; ``subprocess``, never ``fork``; an empty environment; their own session and
-process group; RLIMIT_AS and RLIMIT_CPU, which it sets from its arguments). Every frame from
+process group; RLIMIT_DATA and RLIMIT_CPU, which it sets from its arguments). Every frame from
 a worker is untrusted: size-capped and decoded against the protocol union; a worker that sends
 anything else is discarded. A worker executes one frame at a time, in the order written; the
 supervisor writes small frames behind the one it executes (so a busy worker reads its next frame
@@ -40,9 +40,11 @@ if TYPE_CHECKING:
 
 __all__ = ["Inflight", "Lane", "WorkerProcess"]
 
-#: RLIMIT_AS for a worker on top of what its resident runtimes may hold together: QuickJS heaps
-#: are capped by their own allocator; this bounds the rest.
-WORKER_ADDRESS_SLACK = 2 << 30
+#: RLIMIT_DATA (the memory a worker may write) on top of what its resident runtimes may hold
+#: together: QuickJS heaps are capped by their own allocator; this bounds the rest (arena images,
+#: pages committed past a heap, the system heap). Not RLIMIT_AS: the worker reserves terabytes of
+#: address space for its engines' arenas (rust/engine/src/arena.rs), which costs no memory.
+WORKER_MEMORY_SLACK = 2 << 30
 #: RLIMIT_CPU (seconds) for a worker; it is recycled well before it could reach this.
 WORKER_CPU_SECONDS = 3600
 
@@ -54,9 +56,9 @@ WORKER_BINARY = Path(__file__).with_name("codemode-worker")
 class WorkerProcess:
     """One worker subprocess and the framing on its pipes."""
 
-    def __init__(self, address_space: int) -> None:
+    def __init__(self, memory_bytes: int) -> None:
         self.proc = subprocess.Popen(
-            [WORKER_BINARY, str(address_space), str(WORKER_CPU_SECONDS)],
+            [WORKER_BINARY, str(memory_bytes), str(WORKER_CPU_SECONDS)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

@@ -17,6 +17,7 @@ use rquickjs::promise::PromiseState;
 use rquickjs::{qjs, Context, Ctx, Exception, Function, Object, Persistent, Promise, Runtime, Value};
 
 use crate::alloc::LimitedAllocator;
+use crate::arena;
 use crate::bytecode::{sandbox_context, PRELUDE_SOURCE, WEB_SOURCE};
 use crate::catalog::Catalog;
 use crate::frontend::{self, Language};
@@ -491,7 +492,9 @@ impl Engine {
             )));
         }
         self.started = true;
-        let body = match frontend::prepare(source, language) {
+        // The TypeScript front end (oxc) runs on the system heap: it is not engine state, and
+        // any lazy state of its own must outlive this engine's arena.
+        let body = match arena::outside(|| frontend::prepare(source, language)) {
             Ok(body) => body,
             Err(e) => {
                 let (code, name) = match e {

@@ -4,6 +4,7 @@
 //! I/O and never runs tools; tool calls leave as JSON text and results come back the same way.
 
 mod alloc;
+pub mod arena;
 mod bytecode;
 pub mod catalog;
 pub mod engine;

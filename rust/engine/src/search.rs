@@ -645,7 +645,9 @@ impl SearchIndex {
         if chars.len() < MIN_FUZZY_CHARS {
             return Vec::new();
         }
-        let index = self.fuzzy.get_or_init(|| deletion_index(&self.terms));
+        // Built on the system heap: the index is shared by every engine, and the first search
+        // runs inside one engine's arena, which a reset would wipe under it.
+        let index = self.fuzzy.get_or_init(|| crate::arena::outside(|| deletion_index(&self.terms)));
         let mut found: Vec<u32> = Vec::new();
         for key in
             std::iter::once(hash_chars(&chars, None)).chain((0..chars.len()).map(|i| hash_chars(&chars, Some(i))))

@@ -6,10 +6,15 @@
 //!   supervisor <──────────Ready|Report|Fault─────────── stdout ┘
 //! ```
 //!
-//! Started by the supervisor (python/codemode/workers.py) as `codemode-worker ADDRESS_SPACE
-//! CPU_SECONDS`, with an empty environment, in its own process group; it sets RLIMIT_AS and
-//! RLIMIT_CPU from those two before anything else. It holds the engines of its resident runs
-//! and, while idle, builds the next engine so a new cell does not wait for a runtime. It exits
+//! Started by the supervisor (python/codemode/workers.py) as `codemode-worker MEMORY_BYTES
+//! CPU_SECONDS`, with an empty environment, in its own process group; it sets RLIMIT_DATA and
+//! RLIMIT_CPU from those two before anything else. RLIMIT_DATA, not RLIMIT_AS: each engine
+//! lives in a fixed-address arena (codemode_engine::arena; the global allocator below) carved
+//! from one reservation of several TiB of `PROT_NONE` address space, which RLIMIT_AS would
+//! refuse; RLIMIT_DATA counts what the worker can actually write (committed private memory:
+//! the arenas' committed pages, the system heap, images), so the number keeps its meaning,
+//! the bytes the worker may use. It holds the engines of its resident runs and, while idle,
+//! resets the heaps of finished runs so a new cell starts on a pristine one at once. It exits
 //! at end of file (0), and on a frame it cannot read (1, the reason on stderr): the host
 //! discards a worker that does either. It never touches a file or opens a socket.
 //!
@@ -17,6 +22,7 @@
 //! re-encoded, or `["error", reason]`: how tests pin the Rust codec to protocol.py.
 
 mod pipe;
+mod pool;
 mod protocol;
 mod worker;
 
@@ -29,8 +35,13 @@ use pipe::{readable_within, write_all, FrameReader};
 use protocol::{AnyFrame, HostFrame, Ready, Status, WorkerFrame};
 use worker::Worker;
 
+/// Every allocation made while an engine's arena is entered lands in that arena; the rest goes
+/// to the system allocator.
+#[global_allocator]
+static ALLOCATOR: codemode_engine::arena::ArenaAllocator = codemode_engine::arena::ArenaAllocator;
+
 /// How long a worker whose run just parked on tool calls gives the host to answer before it
-/// does its idle work (freeing the last engine, building the next).
+/// does its idle work (resetting the finished run's heap, building an engine when none is ready).
 const PARKED_GRACE: Duration = Duration::from_micros(2000);
 /// The same for a run that ended after it had parked: the host is finishing the `exec`. Short,
 /// so that the next engine is still built before a cell that follows within a few ms.
@@ -78,15 +89,18 @@ fn serve() -> Result<(), Fatal> {
         pid: std::process::id().into(),
         engine_version: env!("CARGO_PKG_VERSION").into(),
     }))?;
-    // Before it blocks for the next frame, the worker does its idle work (~0.5 ms: free the
-    // last engine, build the next) after giving the host this long to send a frame first.
+    // Before it blocks for the next frame, the worker does its idle work (a heap reset, ~5-30
+    // µs; ~0.5 ms when an engine must be built or freed) after giving the host this long to
+    // send a frame first.
     let mut grace = Duration::ZERO;
     loop {
         let len = match reader.poll()? {
             Some(len) => len,
             None => {
                 if worker.has_idle_work() && (grace.is_zero() || !readable_within(STDIN, grace)) {
-                    worker.idle();
+                    // SAFETY: the last reply was sent and dropped at the end of the previous
+                    // turn of this loop, and frames are decoded outside any arena.
+                    unsafe { worker.idle() };
                 }
                 match reader.read_blocking()? {
                     Some(len) => len,
@@ -143,7 +157,7 @@ fn run() -> Result<(), Fatal> {
     }
     let memory_cap = arg(&args, 1, 4 << 30)?;
     let cpu_seconds = arg(&args, 2, 3600)?;
-    limit(libc::RLIMIT_AS, memory_cap)?;
+    limit(libc::RLIMIT_DATA, memory_cap)?;
     limit(libc::RLIMIT_CPU, cpu_seconds)?;
     serve()
 }

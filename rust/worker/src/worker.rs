@@ -1,9 +1,9 @@
 //! What a worker holds between frames, and what each host frame does to it.
 //!
 //! Its resident runs' engines (parked and suspended runs stay here), the configuration and
-//! catalog the next engines are built from, and two pieces of idle work: the spare engine built
-//! before the next cell arrives, and the engine of a finished run, freed while idle so that its
-//! teardown is not on the reply path.
+//! catalog the next engines are built from, and the pool (pool.rs) that hands each new run a
+//! pristine engine and, while idle, resets the heaps of finished runs so that neither a build
+//! nor a teardown is on the reply path.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -14,6 +14,7 @@ use blake2::{Blake2b, Digest};
 use codemode_engine::semantic::Model;
 use codemode_engine::{Catalog, Engine, Language, Limits, Outcome, Settlement, Status as EngineStatus, ToolCall};
 
+use crate::pool::{HeapPool, Sandbox};
 use crate::protocol::{
     Call, ClockRun, Configure, EngineLimits, FailureCode, Fault, HostFrame, Method, OutputKind, Replay, Report,
     Result3, Settle, Start, Status, Text, WorkerFrame,
@@ -31,10 +32,8 @@ pub struct Worker {
     /// The semantic search model and the pack it came from (a new catalog reuses it). While
     /// `config` is set, the pack is the one the last `Configure` sent.
     semantic: (Vec<u8>, Option<Arc<Model>>),
-    spare: Option<Engine>,
-    resident: HashMap<u64, Engine>,
-    /// A finished engine, freed while idle so its teardown is not on the reply path.
-    retired: Option<Engine>,
+    pool: HeapPool,
+    resident: HashMap<u64, Sandbox>,
 }
 
 /// What journals record of a call's input, and what a replay's report carries in its place:
@@ -123,14 +122,14 @@ impl Worker {
             config: None,
             catalog: None,
             semantic: (Vec::new(), None),
-            spare: None,
+            pool: HeapPool::new(),
             resident: HashMap::new(),
-            retired: None,
         }
     }
 
-    fn build(&self) -> Result<Engine, String> {
-        let (Some(config), Some(catalog)) = (&self.config, &self.catalog) else {
+    /// Builds an engine from the last configuration.
+    fn build(config: &Option<Config>, catalog: &Option<Arc<Catalog>>) -> Result<Engine, String> {
+        let (Some(config), Some(catalog)) = (config, catalog) else {
             return Err("no configuration received before the first cell".to_owned());
         };
         let limits = &config.limits;
@@ -145,20 +144,18 @@ impl Worker {
         Engine::new(limits, catalog.clone()).map_err(|e| e.0)
     }
 
-    /// The spare engine, or a new one.
-    fn engine(&mut self) -> Result<Engine, String> {
-        match self.spare.take() {
-            Some(engine) => Ok(engine),
-            None => self.build(),
-        }
+    /// A pristine engine for a new run.
+    fn engine(&mut self) -> Result<Sandbox, String> {
+        let (config, catalog) = (&self.config, &self.catalog);
+        self.pool.take(&|| Worker::build(config, catalog))
     }
 
     /// Keeps a run's engine resident while it waits on tools; retires it once it has ended.
-    fn keep(&mut self, run: u64, engine: Engine, pending: bool) {
+    fn keep(&mut self, run: u64, engine: Sandbox, pending: bool) {
         if pending {
             self.resident.insert(run, engine);
         } else {
-            self.retired = Some(engine);
+            self.pool.retire(engine);
         }
     }
 
@@ -169,7 +166,9 @@ impl Worker {
             HostFrame::Settle(settle) => Some(self.settle(settle)),
             HostFrame::Replay(replay) => Some(self.replay(replay)),
             HostFrame::Drop(drop) => {
-                self.resident.remove(&drop.run);
+                if let Some(engine) = self.resident.remove(&drop.run) {
+                    self.pool.retire(engine);
+                }
                 None
             }
             HostFrame::Configure(configure) => self.configure(configure),
@@ -185,10 +184,12 @@ impl Worker {
             Ok(engine) => engine,
             Err(message) => return fault(start.run, message),
         };
-        if let Some(clock_start) = start.clock_start {
-            engine.fix_clock(clock_start);
-        }
-        let outcome = engine.start(&start.source, language, start.timeout_ms, start.seed, &start.run_json);
+        let outcome = engine.with(|engine| {
+            if let Some(clock_start) = start.clock_start {
+                engine.fix_clock(clock_start);
+            }
+            engine.start(&start.source, language, start.timeout_ms, start.seed, &start.run_json)
+        });
         self.keep(start.run, engine, pending(&outcome));
         WorkerFrame::Report(report(start.run, outcome))
     }
@@ -197,9 +198,11 @@ impl Worker {
         let Some(engine) = self.resident.get_mut(&settle.run) else {
             return fault(settle.run, "unknown run");
         };
-        let outcome = engine.settle(settlements(settle.results), settle.timeout_ms);
+        let outcome = engine.with(|engine| engine.settle(settlements(settle.results), settle.timeout_ms));
         if !pending(&outcome) {
-            self.retired = self.resident.remove(&settle.run);
+            if let Some(engine) = self.resident.remove(&settle.run) {
+                self.pool.retire(engine);
+            }
         }
         WorkerFrame::Report(report(settle.run, outcome))
     }
@@ -235,7 +238,7 @@ impl Worker {
             }
         }
         self.config = Some(Config { limits: frame.limits, fingerprint: frame.fingerprint.0 });
-        self.spare = None;
+        self.pool.configure();
         None
     }
 
@@ -248,20 +251,23 @@ impl Worker {
             Ok(engine) => engine,
             Err(message) => return fault(start.run, message),
         };
-        let readings: Vec<(f64, u32)> = clock_reads.iter().map(|&(ms, count)| (ms, count.get())).collect();
-        engine.replay_clock(&readings);
-        if let Some(clock_start) = start.clock_start {
-            engine.fix_clock(clock_start);
-        }
-        let mut outcome = engine.start(&start.source, language, start.timeout_ms, start.seed, &start.run_json);
-        let mut calls: Vec<Call> = hashed(&outcome.calls).collect();
-        for batch in batches {
-            if !pending(&outcome) {
-                break;
+        let (outcome, calls) = engine.with(|engine| {
+            let readings: Vec<(f64, u32)> = clock_reads.iter().map(|&(ms, count)| (ms, count.get())).collect();
+            engine.replay_clock(&readings);
+            if let Some(clock_start) = start.clock_start {
+                engine.fix_clock(clock_start);
             }
-            outcome = engine.settle(settlements(batch), start.timeout_ms);
-            calls.extend(hashed(&outcome.calls));
-        }
+            let mut outcome = engine.start(&start.source, language, start.timeout_ms, start.seed, &start.run_json);
+            let mut calls: Vec<Call> = hashed(&outcome.calls).collect();
+            for batch in batches {
+                if !pending(&outcome) {
+                    break;
+                }
+                outcome = engine.settle(settlements(batch), start.timeout_ms);
+                calls.extend(hashed(&outcome.calls));
+            }
+            (outcome, calls)
+        });
         let is_pending = pending(&outcome);
         self.keep(start.run, engine, is_pending);
         let mut report = report(start.run, outcome);
@@ -274,15 +280,20 @@ impl Worker {
     }
 
     pub fn has_idle_work(&self) -> bool {
-        self.retired.is_some() || (self.spare.is_none() && self.config.is_some())
+        self.pool.has_idle_work(self.config.is_some())
     }
 
-    /// Work done between frames: free the last engine, build the next one.
-    pub fn idle(&mut self) {
-        self.retired = None;
-        if self.spare.is_none() && self.config.is_some() {
-            self.spare = self.build().ok();
-        }
+    /// Work done between frames: reset or free the engines of ended runs, have the next one
+    /// ready.
+    ///
+    /// # Safety
+    /// No report (or other value) that an ended run's engine made is alive: every reply was
+    /// sent and dropped (the arenas of ended runs are reset here).
+    pub unsafe fn idle(&mut self) {
+        let (config, catalog) = (&self.config, &self.catalog);
+        let build = || Worker::build(config, catalog);
+        // SAFETY: the caller's contract is the pool's.
+        unsafe { self.pool.idle(config.is_some().then_some(&build as &dyn Fn() -> Result<Engine, String>)) };
     }
 }
 
