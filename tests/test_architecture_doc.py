@@ -194,7 +194,7 @@ def test_the_check_refuses_a_citation_of_what_is_not_there(path: str, name: str)
     ("path", "name"),
     [
         ("python/codemode/tools.py", "Dispatcher.submit"),
-        ("python/codemode/supervisor.py", "KILL_GRACE_S"),
+        ("python/codemode/fleet.py", "KILL_GRACE_S"),
         ("rust/worker/src/worker.rs", "Worker::handle"),
         ("rust/engine/src/engine.rs", "Engine::settle"),
         ("rust/engine/src/engine.rs", "install_prelude"),

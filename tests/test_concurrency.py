@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
-from codemode import CodeMode, supervisor
+from codemode import CodeMode, tool_starts
 
 TWO_CALLS = "const a = await tools.slow({i: %d}); const b = await tools.slow({i: %d}); return [a, b]"
 
@@ -328,7 +328,7 @@ def test_a_quick_sync_tool_runs_on_its_exec_callers_thread_after_its_first_call(
     """The first call of a sync tool goes to the pool (it might be slow); once it was quick, its
     calls run on the caller's own thread: no hop per call. (What counts as quick is widened: the
     pool thread's first call can take past 5 ms on a loaded machine, which CI once was.)"""
-    monkeypatch.setattr(supervisor, "QUICK_TOOL_S", 1.0)
+    monkeypatch.setattr(tool_starts, "QUICK_TOOL_S", 1.0)
     with CodeMode({"workers": 1, "timeoutMs": 5000}) as cm:
         threads: list[int] = []
 

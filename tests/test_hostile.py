@@ -463,7 +463,7 @@ def test_a_worker_flooding_the_host_with_calls_is_discarded(monkeypatch) -> None
 
 def test_workers_that_cannot_start_fail_each_run_with_runtime_unavailable(monkeypatch) -> None:
     """The spec: a worker that cannot start is `runtime_unavailable`, as a result, not an exception."""
-    from codemode import supervisor
+    from codemode import workers
 
     with CodeMode({"workers": 1}) as cm:
         session = cm.session("s")
@@ -472,7 +472,7 @@ def test_workers_that_cannot_start_fail_each_run_with_runtime_unavailable(monkey
         def cannot_start(self, *args):
             raise OSError(2, "No such file or directory", "python")
 
-        monkeypatch.setattr(supervisor.WorkerProcess, "__init__", cannot_start)
+        monkeypatch.setattr(workers.WorkerProcess, "__init__", cannot_start)
         for pid in cm.inspect().worker_pids:
             os.kill(pid, signal.SIGKILL)
         time.sleep(0.1)

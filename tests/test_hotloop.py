@@ -1,6 +1,6 @@
 """`HotLoop`: while a loop reader watches a worker from it, it polls before it sleeps, within a
 bound, with the GIL released; otherwise it is an ordinary asyncio loop. The MCP client's loop and
-the tools' loop are HotLoops (see `supervisor.LoopReader`)."""
+the tools' loop are HotLoops (see `readers.LoopReader`)."""
 
 from __future__ import annotations
 

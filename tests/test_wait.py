@@ -706,14 +706,14 @@ def test_a_call_made_with_a_yield_starts_with_the_wait_that_reports_the_yield(wc
 
 
 def test_a_replay_that_fails_after_an_advance_fails_the_wait(wcm, gate, recorded, monkeypatch):
-    from codemode import supervisor
+    from codemode import workers
 
     s = wcm.session()
 
     def cannot_start(*args: Any, **kwargs: Any) -> None:
         raise OSError("no more processes")
 
-    monkeypatch.setattr(supervisor, "WorkerProcess", cannot_start)  # no replacement for the kill
+    monkeypatch.setattr(workers, "WorkerProcess", cannot_start)  # no replacement for the kill
     pids = wcm.inspect().worker_pids
     first = _advanced_then_killed(wcm, gate, s, "const v = await tools.slow({n: 1}); return await tools.record({x: v})")
     wait_until(lambda: all(_exited(pid) for pid in pids), "the worker is gone")

@@ -2,7 +2,7 @@
 sleeps.
 
 Why: while a cell awaits ``MCP.*`` calls, this loop's thread reads the run's worker itself
-(`supervisor.LoopReader`) and drives the calls: the worker's report starts a call, the server answers, the result goes
+(`readers.LoopReader`) and drives the calls: the worker's report starts a call, the server answers, the result goes
 back to the worker, whose next report follows within ~50-150 µs. Each of those gaps is short. A
 thread that sleeps through one pays a wake-up on this kind of machine (a virtual CPU that halted:
 30-50 µs) and then runs cold; one that polls does neither. Measured on the MCP bench, side by

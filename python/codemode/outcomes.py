@@ -25,6 +25,7 @@ import msgspec
 from .outputs import DEFAULT_READ_CHARS
 from .protocol import bounded_bytes, utf8_len
 from .results import ExecResult
+from .runs import Failure
 
 __all__ = [
     "Completed",
@@ -191,7 +192,7 @@ def _cut_note(cut: int, what: str, full: str, keep: Keep) -> str:
 
 
 def failure_text(
-    failure: tuple[str | None, str, str, str] | None, output: list[Output], budget: int
+    failure: Failure | None, output: list[Output], budget: int
 ) -> tuple[str, str | None]:
     """A failed step's error text and code. One budget: the error gets what the outputs left of
     maxOutputBytes ``budget`` (at least a line), counted as JSON like the outputs (the quotes and

@@ -16,7 +16,7 @@ import enum
 import secrets
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 
@@ -142,13 +142,23 @@ class Journal(msgspec.Struct, kw_only=True):
         return msgspec.msgpack.decode(data, type=Journal)
 
 
+class Failure(NamedTuple):
+    """How a step failed: an engine's report of it (``code`` None: the cell's own exception,
+    with its ``name``, ``message`` and ``stack``) or the host's (a code of the spec's, no stack)."""
+
+    code: str | None
+    name: str
+    message: str
+    stack: str
+
+
 class Step(msgspec.Struct):
     """What one ``exec`` or ``wait`` call saw of a run (or, while the run is suspended, what an
     advance saw, for the next ``wait`` to report or go on from)."""
 
     status: str = "running"  # running | completed | failed | suspended
     value: Any = None  # decoded
-    failure: tuple[str | None, str, str, str] | None = None
+    failure: Failure | None = None
     reason: str = ""  # when suspended: pending_tools | yield
     store_writes: Any = None  # decoded: {key: value | None}, or None
     outputs: list[tuple[int, Any]] = msgspec.field(default_factory=list)  # kind 1 (json) decoded
@@ -157,7 +167,7 @@ class Step(msgspec.Struct):
     describes: int = 0
     memory_bytes: int = 0
     reports: int = 0
-    #: The deadline has had its one settle-floor extension (see `Supervisor._settle_frame`).
+    #: The deadline has had its one settle-floor extension (see `FrameQueue.frame_for`).
     extended: bool = False
     #: ``time.monotonic()`` by which the guest must have parked (its frame's kill time is later).
     deadline: float = 0.0
@@ -252,17 +262,17 @@ class Run:
         #: worker it is given fails).
         self.placements = 0
         #: How long its worker took over its last frame: a run whose frames are quick may have
-        #: its next one wait in the pipe behind another's (see `Supervisor._may_write`).
+        #: its next one wait in the pipe behind another's (see `FrameQueue.may_write`).
         self.drive_s = 0.0
         #: The step in progress, and who waits for it (None while suspended: then a result
         #: that lands advances the run, and the next `wait` reports or goes on from its step).
         self.step = Step()
         self.waiter: Any = None
-        #: Batches of calls handed to `Supervisor._submit` and not yet started: the run is not
+        #: Batches of calls handed to `ToolStarter.submit` and not yet started: the run is not
         #: suspended meanwhile (its sync tools may be about to run).
         self.starting = 0
         #: Batches of its sync tools running on a pool for its waiting thread, and when the
-        #: last went (see `Supervisor._budget`).
+        #: last went (see `Waiting.budget`).
         self.lent = 0
         self.lent_at = 0.0
         #: QuickJS memory of the resident runtime, as last reported.
@@ -294,6 +304,18 @@ class Run:
             f"code mode snapshot limit exceeded: {size} bytes (runtime {self.memory_bytes}, journal "
             f"{self.journal_bytes}) over maxSnapshotBytes ({limit})."
         )
+
+    def awaits_only_approvals(self) -> bool:
+        """Under the supervisor's lock, for a parked run: every call it has open waits for the
+        host's approval."""
+        approvals = self.dispatcher.approvals
+        if not approvals:
+            return False
+        waiting = approvals.undecided()
+        if not waiting:
+            return False
+        settled = self.journal.settled_ids()
+        return all(c.id in waiting for c in self.journal.calls if c.id not in settled and c.id not in self.yields)
 
     def pending_calls(self) -> list[dict[str, Any]]:
         """The spec's ``pendingToolCalls``: calls made and not yet settled, oldest first, each

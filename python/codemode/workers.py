@@ -194,7 +194,7 @@ class Inflight(NamedTuple):
 
 
 #: The reader that is a lane's own thread (any other is a waiting caller's `Waiter`, or an event
-#: loop's thread: `supervisor.LoopReader`).
+#: loop's thread: `readers.LoopReader`).
 READER_THREAD = "thread"
 
 

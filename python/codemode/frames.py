@@ -1,0 +1,232 @@
+"""Sending: each lane's queue of runs with a frame to send, and the frames written to its worker.
+
+    enqueue(run, start|settle|replay) ──> lane.queue ──kick (worker free, or a small settle
+        behind what it executes)──> take_next (fair across sessions) ──frame_for──> Configure?
+        + Start | Settle (results, journaled) | Replay ──> lane.pipeline + lane.outbox
+        ──flush (outside the lock, one writer per lane)──> the worker's pipe
+
+A worker executes one frame at a time, in the order written. Time a run spends in a queue, or
+in the pipe behind another run's frame, is not the guest's: its deadline moves by it (here when
+the frame goes out, and in `FrameQueue.next_in_pipeline` when the worker gets to it).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import time
+from typing import Any
+
+from . import protocol
+from .fleet import KILL_GRACE_S, RUNS_PER_WORKER, Fleet, Out, failed, send_drop, timed_out
+from .protocol import CallResult, Replay, Settle, utf8_len
+from .readers import Waiter
+from .runs import Phase, Run
+from .workers import Inflight, Lane
+
+__all__ = ["PIPELINE_DEPTH", "FrameQueue"]
+
+#: The least time a run gets to use tool results it is handed, even when they arrive just at the
+#: deadline (the smallest allowed ``timeoutMs``): otherwise a result landing late in a ``wait``
+#: would turn into a timeout instead of progress.
+SETTLE_FLOOR_S = 0.1
+#: Frames written to a busy worker behind the one it executes, at most, and the largest such a
+#: frame may be (a pipe holds 64 KiB: no write to a worker that is busy ever blocks).
+PIPELINE_DEPTH = 4
+PIPELINE_FRAME_BYTES = 8 << 10
+#: A run whose last frame took its worker at most this long may queue its next in the pipe.
+PIPELINE_QUICK_S = 0.002
+#: How far into a lane's queue fair queueing looks for the session served longest ago.
+FAIR_SCAN = 64
+#: Sessions whose last service is remembered (the rest count as never served).
+SERVED_SESSIONS = 4096
+#: Result bytes one settle frame carries at most; with one result of up to the bridge limit
+#: (16 MiB) always allowed, a settle stays well under ``protocol.MAX_FRAME_BYTES``.
+SETTLE_BUDGET_BYTES = protocol.MAX_FRAME_BYTES // 2
+
+
+def _journal_full(length: int, limit: int) -> str:
+    return (
+        f"tool result of {length} bytes would grow this run's journal past maxJournalBytes ({limit}); "
+        "ask the tool for less (a page, a filter, fewer fields)."
+    )
+
+
+class FrameQueue:
+    """Under the fleet's lock: which run's frame each worker gets next, and what it is."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self._fleet = fleet
+        #: Session id -> when it last had a frame sent, oldest first (fair queueing).
+        self._served: dict[str, int] = {}
+        self._serve_ticks = itertools.count()
+
+    def enqueue(self, run: Run, kind: str, out: Out, prefer: Waiter | None = None) -> None:
+        """Queues the run's next frame on its lane (placing it on one first, for a start or a
+        replay), and sends it if the worker is free."""
+        fleet = self._fleet
+        lane = run.lane
+        if lane is None or lane.dead:
+            placed = fleet.place()
+            if isinstance(placed, str):
+                run.phase = Phase.ENDED
+                message = f"code mode runtime is unavailable: {placed}"
+                fleet.end(run, "failed", out, failure=failed("runtime_unavailable", "WorkerUnavailable", message))
+                return
+            lane = run.lane = placed
+            run.placements += 1
+            lane.residents.add(run)
+        if run.waiter is not None:
+            lane.attached.add(run)
+        run.next_frame = kind
+        run.phase = Phase.QUEUED
+        run.queued_at = time.monotonic()
+        lane.queue.append(run)
+        self.kick(lane, out)
+        fleet.readers.ensure_reader(lane, prefer if prefer is not None else run.waiter)
+
+    def kick(self, lane: Lane, out: Out) -> None:
+        """If the worker is free, the next queued frame goes to it. (A worker that died while
+        idle is found by its reader when the frame gets no answer: its run, the culprit, goes
+        on elsewhere, see `Fleet.lane_died`.)"""
+        while lane.queue and not lane.dead:
+            run = self._take_next(lane)
+            if run.aborted or run.phase is not Phase.QUEUED:
+                continue
+            if not self.may_write(lane, run):
+                lane.queue.appendleft(run)  # (its turn is next)
+                return
+            frames = self.frame_for(lane, run, out)
+            if frames is not None:
+                self._served_now(run.scope[0])
+                lane.outbox.append((frames, lane.pipeline[-1].kill_at))
+                if not lane.writing:
+                    lane.writing = True
+                    out.append(functools.partial(self._flush, lane))
+
+    def next_in_pipeline(self, lane: Lane) -> None:
+        """The worker answered its first frame; the next, if any, is the one it executes now:
+        its time in the pipe is not its run's (its deadline and kill time move)."""
+        lane.pipeline.popleft()
+        if lane.pipeline:
+            head = lane.pipeline[0]
+            waited = time.monotonic() - head.sent
+            if head.run is not None and head.run.waiter is not None:
+                head.run.step.deadline += waited
+            lane.pipeline[0] = head._replace(sent=head.sent + waited, kill_at=head.kill_at + waited)
+
+    def may_write(self, lane: Lane, run: Run) -> bool:
+        """The run's frame may be written now: the worker is free, or the frame is a settle
+        small enough to wait in the pipe behind what it executes (it never fills the pipe, so no
+        write blocks on a worker that is busy) of a run whose frames are quick. A frame in the
+        pipe is committed to go next, so only those: a new cell (of unknown cost) or a slow run
+        would make every run queued behind it wait longer than one frame."""
+        if not lane.pipeline:
+            return True
+        if len(lane.pipeline) >= PIPELINE_DEPTH or lane.pipeline[0].kind == "ready":
+            return False
+        quick = run.next_frame == "settle" and run.drive_s <= PIPELINE_QUICK_S
+        return quick and run.dispatcher.ready_bytes() <= PIPELINE_FRAME_BYTES
+
+    def frame_for(self, lane: Lane, run: Run, out: Out) -> list[Any] | None:
+        """The frame(s) for a run's turn on its worker, which is now busy with it; None if it
+        has nothing to send after all."""
+        fleet = self._fleet
+        now = time.monotonic()
+        kind, step, journal = run.next_frame, run.step, run.journal
+        waited = now - run.queued_at  # in the queue: not the guest's time
+        frames: list[Any] = []
+        if kind != "settle" and lane.configured is not run.configure:
+            frames.append(run.configure)
+            lane.configured = run.configure
+        if kind == "start":
+            run.engine_run = fleet.next_run_id()
+            step.deadline += waited
+            frames.append(journal.start_frame(run.engine_run, float(run.timeout_ms)))
+            kill_at = step.deadline + KILL_GRACE_S
+            lane.started += 1
+            if lane.started >= RUNS_PER_WORKER and not lane.retiring:
+                lane.retiring = True
+                fleet.spawn()
+        elif kind == "settle":
+            results = self._journaled(run, run.dispatcher.take_ready(max_bytes=SETTLE_BUDGET_BYTES))
+            if not results:
+                run.phase = Phase.PARKED
+                return None
+            if run.waiter is not None:
+                step.deadline += waited
+                if now >= step.deadline + KILL_GRACE_S:
+                    # A guest whose tools answer at once has been running all along: it is
+                    # past its time as if in one long drive (the kill would have ended that).
+                    send_drop(lane, run, out)
+                    fleet.forget(run)
+                    fleet.end(run, "failed", out, failure=failed("timeout", "TimeoutError", timed_out("cell")))
+                    return None
+            else:
+                step.deadline = now + run.timeout_ms / 1000.0  # an advance: the run's own budget
+            for call_id, _, _ in results:
+                journal.open_inputs.pop(call_id, None)
+            journal.batches.append(results)
+            if not step.extended and step.deadline - now < SETTLE_FLOOR_S:
+                step.deadline, step.extended = now + SETTLE_FLOOR_S, True
+            frames.append(Settle(run.engine_run, results, max(1.0, (step.deadline - now) * 1000.0)))
+            kill_at = step.deadline + KILL_GRACE_S
+        else:
+            run.engine_run = fleet.next_run_id()
+            start = journal.start_frame(run.engine_run, float(run.timeout_ms))
+            frames.append(Replay(start, journal.batches, journal.clock_reads))
+            step.deadline += waited
+            # The replay has the budget the engine gives it (a timeout per step).
+            kill_at = now + (len(journal.batches) + 1) * run.timeout_ms / 1000.0 + KILL_GRACE_S
+        lane.pipeline.append(Inflight(run, kind, now, kill_at))
+        run.phase = Phase.RUNNING
+        return frames
+
+    def _journaled(self, run: Run, results: list[CallResult]) -> list[CallResult]:
+        """The results of one settle frame (taken within ``SETTLE_BUDGET_BYTES``: the rest stay
+        ready for the next, so no frame outgrows its cap), as the journal records them: within
+        ``maxJournalBytes``, past which a call fails instead."""
+        limit = self._fleet.max_journal
+        journaled: list[CallResult] = []
+        for call_id, ok, payload in results:
+            length = utf8_len(payload)
+            if run.journal_bytes + length > limit:
+                ok, payload = False, _journal_full(length, limit)
+                length = len(payload)
+            run.journal_bytes += length
+            journaled.append(CallResult(call_id, ok, payload))
+        return journaled
+
+    def _take_next(self, lane: Lane) -> Run:
+        """The queued run whose turn it is, fair across sessions: of the first ``FAIR_SCAN`` in
+        the queue, the one whose session was served longest ago (a session never served first),
+        FIFO among equals. A session that resubmits as soon as it is served cannot keep another
+        session's cell waiting for more than one frame."""
+        queue = lane.queue
+        served = self._served
+        best, best_at = 0, served.get(queue[0].scope[0], -1)
+        for index in range(1, min(len(queue), FAIR_SCAN)):
+            at = served.get(queue[index].scope[0], -1)
+            if at < best_at:
+                best, best_at = index, at
+        run = queue[best]
+        del queue[best]
+        return run
+
+    def _served_now(self, session_id: str) -> None:
+        """``session_id`` just had a frame sent (the most recent of all)."""
+        served = self._served
+        served.pop(session_id, None)
+        served[session_id] = next(self._serve_ticks)
+        if len(served) > SERVED_SESSIONS:
+            del served[next(iter(served))]  # the longest-unserved: forgetting it keeps it first
+
+    def _flush(self, lane: Lane) -> None:
+        """Writes the lane's outbox in order (outside the lock; one writer at a time)."""
+        while True:
+            with self._fleet.lock:
+                if not lane.outbox:
+                    lane.writing = False
+                    return
+                frames, deadline = lane.outbox.popleft()
+            lane.worker.send(frames, deadline)
