@@ -90,7 +90,7 @@ class Runner:
         self._mcp = mcp
         self._loop = loop
         #: Read by `tracing.traced` (the spans of exec and wait).
-        self._tracer = tracer
+        self.tracer = tracer
         self.closed = False
 
     @tracing.traced("exec")

@@ -127,7 +127,7 @@ def traced(kind: str) -> Callable[[F], F]:
 
 def _start(host: Any, name: str, session: Any) -> RunSpan | None:
     """A recording span for one exec/wait of ``session``, or None (no tracer, or not sampled)."""
-    tracer: Tracer | None = host._tracer
+    tracer: Tracer | None = host.tracer
     if tracer is None:
         return None
     span = tracer.start_span(name)
