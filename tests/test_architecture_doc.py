@@ -177,8 +177,8 @@ def test_every_function_the_guide_cites_is_defined_where_it_says():
 @pytest.mark.parametrize(
     ("path", "name"),
     [
-        ("python/codemode/tools.py", "Dispatcher.no_such_method"),
-        ("python/codemode/tools.py", "NoSuchClass.submit"),
+        ("python/codemode/dispatch.py", "Dispatcher.no_such_method"),
+        ("python/codemode/dispatch.py", "NoSuchClass.submit"),
         ("python/codemode/no_such_module.py", "Dispatcher"),
         ("rust/worker/src/worker.rs", "Worker::no_such_fn"),
         ("rust/worker/src/worker.rs", "Engine::handle"),  # a fn of another impl
@@ -193,7 +193,7 @@ def test_the_check_refuses_a_citation_of_what_is_not_there(path: str, name: str)
 @pytest.mark.parametrize(
     ("path", "name"),
     [
-        ("python/codemode/tools.py", "Dispatcher.submit"),
+        ("python/codemode/dispatch.py", "Dispatcher.submit"),
         ("python/codemode/fleet.py", "KILL_GRACE_S"),
         ("rust/worker/src/worker.rs", "Worker::handle"),
         ("rust/engine/src/engine.rs", "Engine::settle"),

@@ -14,9 +14,10 @@ from typing import Any
 import codemode.mcp_listing
 import pytest
 from codemode import CodeMode
+from codemode.dispatch import Dispatcher
 from codemode.errors import ClosedError, ConfigError, ToolDefinitionError
 from codemode.mcp_listing import MCP_START_WAIT_S
-from codemode.tools import MCP_TOOL, Dispatcher
+from codemode.tools import MCP_TOOL
 
 ODD = str(Path(__file__).resolve().parent / "fixtures" / "odd_mcp_server.py")
 NEVER_ANSWERS = {"command": sys.executable, "args": ["-c", "import time; time.sleep(600)"]}

@@ -546,7 +546,8 @@ def test_cleared_global_name_can_be_registered_again(make_codemode):
 def test_host_refuses_forged_namespace_paths_even_if_a_frame_carries_one():
     """Defence in depth: a worker frame is untrusted, so the dispatcher checks paths itself."""
 
-    from codemode.tools import NAMESPACE_TOOL, CatalogView, Dispatcher
+    from codemode.dispatch import Dispatcher
+    from codemode.tools import NAMESPACE_TOOL, CatalogView
 
     view = CatalogView(tools={}, catalog_json="[]", fingerprint="", counts={}, direct=())
     dispatcher = Dispatcher(view, asyncio.new_event_loop, namespace_calls={("github-issues", "list"): ("x", None)})

@@ -28,8 +28,10 @@ import msgspec
 
 from . import catalog, semantic
 from ._engine import Catalog
+from .call_gate import Gate
 from .catalog import quick_index
 from .config import CodeModeConfig
+from .dispatch import Dispatcher
 from .errors import ConfigError
 from .mcp_listing import McpListing
 from .namespaces import Namespaces
@@ -42,7 +44,7 @@ from .surfaces import (
     payload_bytes,
     provider_schema,
 )
-from .tools import MCP_TOOL, BackgroundLoop, CatalogView, Dispatcher, Gate, ToolRegistry
+from .tools import MCP_TOOL, BackgroundLoop, CatalogView, ToolRegistry
 
 __all__ = ["EXEC_PREAMBLE", "LIKELY_SCHEMAS", "MODEL_VISIBLE_TOOLS", "ModelSurface"]
 

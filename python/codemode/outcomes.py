@@ -191,9 +191,7 @@ def _cut_note(cut: int, what: str, full: str, keep: Keep) -> str:
     return f"[… {cut} characters of {what} cut by max_output_tokens; full {name} ({len(full)} characters): {read} …]"
 
 
-def failure_text(
-    failure: Failure | None, output: list[Output], budget: int
-) -> tuple[str, str | None]:
+def failure_text(failure: Failure | None, output: list[Output], budget: int) -> tuple[str, str | None]:
     """A failed step's error text and code. One budget: the error gets what the outputs left of
     maxOutputBytes ``budget`` (at least a line), counted as JSON like the outputs (the quotes and
     escapes of the text count too). A cell's own exception (no code) reads ``Name: message``."""

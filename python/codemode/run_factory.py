@@ -25,8 +25,10 @@ import msgspec
 
 from . import _engine, semantic, tracing
 from .approvals import Approvals
+from .call_gate import Gate
 from .cells import CellArgs, journal_problem
 from .config import BOUNDS, CodeModeConfig
+from .dispatch import Dispatcher
 from .errors import CodemodeError
 from .mcp_listing import McpListing
 from .namespaces import Namespaces
@@ -34,7 +36,7 @@ from .outputs import OutputStore
 from .protocol import Configure, EngineLimits
 from .runs import Journal, Run, fixed_clock_start, new_run_id
 from .stored_values import StoredValues
-from .tools import BackgroundLoop, CatalogView, Dispatcher, Gate
+from .tools import BackgroundLoop, CatalogView
 
 if TYPE_CHECKING:
     from .session import Session

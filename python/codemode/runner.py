@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from . import tracing
+from .call_gate import Blocked, Gate, apply_hook
 from .cells import CellArgs, answer_json, check_cell, check_seed
 from .config import CodeModeConfig
 from .errors import ClosedError
@@ -37,7 +38,7 @@ from .protocol import Configure
 from .run_factory import RunFactory
 from .runs import Run, RunLookupError, Scope, Step
 from .supervisor import Supervisor
-from .tools import BackgroundLoop, Blocked, Gate, apply_hook
+from .tools import BackgroundLoop
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer

@@ -23,8 +23,8 @@ import msgspec
 from .protocol import CallMethod, CallResult, ClockRun, EngineLimits, Start, utf8_len
 
 if TYPE_CHECKING:
+    from .dispatch import Dispatcher
     from .protocol import Configure
-    from .tools import Dispatcher
     from .workers import Lane
 
 __all__ = [

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from . import tracing
 from .approvals import ApprovalRequest
+from .call_gate import Gate
 from .config import CodeModeConfig, load_config
 from .errors import ClosedError
 from .inspection import Inspection, snapshot
@@ -47,7 +48,7 @@ from .store import Store
 from .stored_values import StoredValues
 from .supervisor import Supervisor
 from .surfaces import ModelTool, Surface
-from .tools import BackgroundLoop, CatalogView, Gate, Tool, ToolRegistry, define_tool
+from .tools import BackgroundLoop, CatalogView, Tool, ToolRegistry, define_tool
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider

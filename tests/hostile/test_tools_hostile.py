@@ -21,8 +21,9 @@ import pytest
 from codemode import CodeMode, ToolDefinitionError
 from codemode import workers as codemode_workers
 from codemode.catalog import MAX_DESCRIPTION_CHARS, MAX_LABEL_CHARS, compile_input_validator
+from codemode.dispatch import Dispatcher
 from codemode.protocol import CallResult, Report
-from codemode.tools import MAX_BRIDGE_BYTES, MAX_ERROR_CHARS, Dispatcher, define_tool
+from codemode.tools import MAX_BRIDGE_BYTES, MAX_ERROR_CHARS, define_tool
 
 ODD_SERVER = str(Path(__file__).resolve().parents[1] / "fixtures" / "odd_mcp_server.py")
 #: A guest value nested past any decoder's recursion limit, as JSON text.

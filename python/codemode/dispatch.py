@@ -1,0 +1,212 @@
+"""One run's tool calls: the `Dispatcher` the supervisor hands a worker's calls to.
+
+It is the facade over four parts, each with one job::
+
+    submit(calls) ──> CallPlanner.plan   what each call names, may it, its checked input
+                  ──> launch: answers and async calls now, sync tools as one callable
+                        CallRunner       runs a sync tool / starts an async one
+                          └─ CallGate    hook, approval, the journal's decisions
+                        CallResults      ready results (take_ready, wait_ready), calls in flight
+    release(decided) ──> the host's approvals: an approved call runs as submit runs it
+
+``submit`` and ``release`` never run host code themselves: what runs the sync tools among the
+calls comes back to the caller (`tool_starts`), which runs it on a thread of its choosing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .approvals import Approvals, FiledCall
+from .call_gate import CallGate, CallScope, Gate
+from .call_planning import CallPlanner, McpOps, Plan, answer, planning_failure, subject
+from .call_results import CallResults, error_message
+from .call_running import CallRunner
+from .protocol import CallResult
+
+if TYPE_CHECKING:
+    from . import tracing
+    from .namespaces import CallTable
+    from .outputs import OutputStore
+    from .tools import CatalogView
+
+__all__ = ["Dispatcher"]
+
+
+class Dispatcher:
+    """Runs one run's tool calls and hands back ``(call_id, ok, payload)`` results.
+
+    Finished calls land in its `CallResults`; ``listener`` (the supervisor's, for runs) is told
+    after each lands, on the thread that finished it, and ``wait_ready`` serves host-side calls.
+    """
+
+    __slots__ = ("_planner", "_results", "_runner", "_scope", "approvals", "resolved", "view")
+
+    def __init__(
+        self,
+        view: CatalogView,
+        loop: Callable[[], asyncio.AbstractEventLoop],
+        *,
+        outputs: OutputStore | None = None,
+        session_id: str = "",
+        gate: Gate | None = None,
+        read_only: bool = False,
+        namespace_calls: CallTable | None = None,
+        mcp_ops: McpOps | None = None,
+        approvals: Approvals | None = None,
+        run_id: str = "",
+        agent_run: str | None = None,
+    ) -> None:
+        self.view = view
+        scope = self._scope = CallScope(session_id, run_id, agent_run)
+        results = self._results = CallResults()
+        call_gate = CallGate(gate or Gate(), view, scope, results, approvals=approvals, read_only=read_only)
+        self.approvals = call_gate.approvals
+        runner = self._runner = CallRunner(call_gate, results, scope, loop)
+        self._planner = CallPlanner(
+            view,
+            call_gate,
+            runner,
+            scope,
+            outputs=outputs,
+            namespace_calls=namespace_calls,
+            mcp_ops=mcp_ops,
+            read_only=read_only,
+        )
+        #: Namespace calls arrive under a marker id; this maps their call ids to the real tool.
+        self.resolved: dict[int, str] = {}
+
+    @property
+    def session_id(self) -> str:
+        return self._scope.session_id
+
+    @property
+    def parent(self) -> str:
+        """The exec/wait call the next calls belong to (for hooks and the trace)."""
+        return self._scope.parent
+
+    @parent.setter
+    def parent(self, parent: str) -> None:
+        self._scope.parent = parent
+
+    @property
+    def span(self) -> tracing.RunSpan | None:
+        """The exec/wait call's span, the parent of the next calls' spans (None when untraced)."""
+        return self._scope.span
+
+    @span.setter
+    def span(self, span: tracing.RunSpan | None) -> None:
+        self._scope.span = span
+
+    @property
+    def listener(self) -> Callable[[], object] | None:
+        """Told (with no arguments, outside any lock) after results land."""
+        return self._results.listener
+
+    @listener.setter
+    def listener(self, listener: Callable[[], object] | None) -> None:
+        self._results.listener = listener
+
+    def submit(self, calls: list[tuple[int, str, str]]) -> Callable[[], None] | None:
+        """Starts the calls: async ones on their loop; calls that fail before a tool runs are
+        answered at once. Returns what runs the sync tools among them (each result lands as
+        any other), for the caller to run on a thread of its choosing; None if there are none.
+
+        Never raises: a guest value reaches the host here, and whatever decoding, mapping or
+        checking it does (RecursionError, MemoryError, a mapper's own exception) fails its call."""
+        plans = []
+        plan_call = self._planner.plan
+        for call in calls:
+            call_id, tool_id, _ = call
+            try:
+                plan = plan_call(*call)
+            except BaseException as e:  # the one guard over a guest value's way into the host
+                plan = answer(call_id, None, planning_failure(subject(tool_id), e))
+            if plan.resolved is not None:
+                self.resolved[call_id] = plan.resolved
+            plans.append((call_id, plan))
+        return self._launch(plans)
+
+    def release(self, decided: list[tuple[int, FiledCall, Any]]) -> Callable[[], None] | None:
+        """Acts on the host's decisions (`Approvals.take_decided`): an approved call starts as
+        `submit` starts a call (the run of its sync tool is returned), a rejected one fails."""
+        plans = []
+        for call_id, filed, decision in decided:
+            if decision.ok:
+                plans.append((call_id, Plan(None, filed.run, inline=filed.inline)))
+            else:
+                span = self._runner.call_span(call_id, filed.tool_id)
+                self._runner.record(call_id, filed.tool_id, time.perf_counter(), False, span)
+                plans.append((call_id, Plan(None, functools.partial(filed.refuse, decision.reason))))
+        return self._launch(plans)
+
+    def _launch(self, plans: list[tuple[int, Plan]]) -> Callable[[], None] | None:
+        inline: list[Callable[[], CallResult | None]] = []
+        answered: list[CallResult] = []
+        for call_id, plan in plans:
+            if plan.inline:
+                inline.append(plan.run)
+                continue
+            try:
+                result = plan.run()
+            except BaseException as e:  # its loop is closed or gone: it fails, nothing stays in flight
+                self._results.forget(call_id)
+                result = CallResult(call_id, False, error_message(plan.resolved or "call", e))
+            if result is not None:
+                answered.append(result)
+        if answered:
+            self._results.add(answered)
+        if not inline:
+            return None
+        return functools.partial(self._run_inline, inline)
+
+    def _run_inline(self, runs: list[Callable[[], CallResult | None]]) -> None:
+        results = [result for run in runs if (result := run()) is not None]
+        self._results.add(results)
+
+    def add_ready(self, results: list[CallResult]) -> None:
+        """Results to hand to the run (tools', or ``yield_control``'s); tells the listener.
+        Every result passes here: one over the bridge limit becomes its call's error, and an
+        error message is bounded, so no result can overflow a frame (`CallResults.add`)."""
+        self._results.add(results)
+
+    def requeue(self, results: list[CallResult]) -> None:
+        """Puts back results taken with ``take_ready`` that were never delivered (first, in
+        their order; the listener is not told: whoever put them back goes on with them)."""
+        self._results.requeue(results)
+
+    def ready_bytes(self) -> int:
+        """The UTF-8 size of the payloads of the results ready to hand over (see `result_bytes`)."""
+        return self._results.ready_bytes()
+
+    def has_ready(self) -> bool:
+        return self._results.has_ready()
+
+    def take_ready(self, max_bytes: int | None = None) -> list[CallResult]:
+        """The ready results, in order; with ``max_bytes``, only the first ones whose payloads
+        total at most that (and at least one): the rest stay ready for the next frame."""
+        return self._results.take(max_bytes)
+
+    def wait_ready(self, deadline: float) -> list[CallResult]:
+        """The results ready now or, if none, the first to finish before ``deadline``
+        (``time.monotonic``); empty if nothing is running or the deadline passes."""
+        return self._results.wait(deadline)
+
+    def pending(self) -> int:
+        return self._results.pending()
+
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The one event loop every in-flight call runs on (with none ready); else None."""
+        return self._results.loop()
+
+    def cancel(self) -> None:
+        self._results.cancel()
+
+    def close(self) -> None:
+        """Cancels what is in flight and tells no one of results from now on."""
+        self._results.listener = None
+        self._results.cancel()
