@@ -13,9 +13,11 @@ the SDK is anyio-based and a session's task groups must be entered and left by t
 each connection lives in one long-lived *holder* task while requests from any thread
 (or any other event loop, via the ``a*`` twins) are scheduled onto that loop::
 
-    caller thread / loop ──run_coroutine_threadsafe──> codemode-mcp loop ──> mcp.Client ──> server
-                                                        └─ holder task per server: opens the
-                                                           transport + session, waits, closes
+    caller thread / loop ──LoopThread.run/arun──> the codemode-mcp loop (`codemode.mcp_loop`):
+      McpServers: a name -> its config -> its _Connection (made on first use)
+        └─> _tools_list, _tools_call...: what each request sends, how its answer reads
+              └─> _Connection.request: timeout, retry ──> mcp.Client ──> server
+                    └─ holder task per server: opens the transport + session, waits, closes
 
 Failure policy, so that one bad server never takes the host down:
 
@@ -36,7 +38,6 @@ or getting a prompt it does not offer is an ``McpServerError`` that says so.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextvars
 import functools
 import importlib.metadata
@@ -48,7 +49,7 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -69,7 +70,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from .errors import ClosedError, ConfigError, McpServerError, McpTimeoutError
-from .hotloop import HotLoop
+from .mcp_loop import LoopThread
 
 if TYPE_CHECKING:
     # The stream contract of the public ``mcp.client.Transport`` protocol, defined next to it.
@@ -94,7 +95,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-P = ParamSpec("P")
 T = TypeVar("T")
 PageT = TypeVar("PageT", bound=PaginatedResult)
 
@@ -385,16 +385,14 @@ class McpServers:
             raise ConfigError(f"timeout_s must be > 0, not {timeout_s!r}")
         self._timeout_s = timeout_s
         self._client_info = Implementation(name="codemode", version=importlib.metadata.version("codemode"))
-        #: Guards the config table and the loop's lifecycle; never held while waiting on the loop.
+        #: Guards the config table and (shared with the loop thread) the loop's lifecycle; never
+        #: held while waiting on the loop.
         self._lock = threading.Lock()
         self._configs: dict[str, McpServerConfig] = {}
-        self._closed = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._loop_thread = LoopThread(self._lock, on_close=self._close_connections)
         # Owned by the loop thread.
         self._connections: dict[str, _Connection] = {}
         self._shutting_down = False
-        self._loop_done: asyncio.Event | None = None
         self._on_list_changed: Callable[[str], object] | None = None
         for name, config in (servers or {}).items():
             self.add(name, config)
@@ -432,7 +430,7 @@ class McpServers:
         disabled one (``"disabled": true``) never starts."""
         parsed = parse_server_config(name, config)
         with self._lock:
-            self._check_open()
+            self._loop_thread.check_open()
             if name in self._configs:
                 raise ConfigError(f"MCP server {name!r} is already configured")
             self._configs[name] = parsed
@@ -452,21 +450,21 @@ class McpServers:
         """Forgets a server and shuts its session down (a stdio server's process exits)."""
         if self._forget_unstarted(name):
             return
-        self._wait(self._remove, name)
+        self._loop_thread.run(self._remove, name)
 
     async def aremove(self, name: str) -> None:
         if self._forget_unstarted(name):
             return
-        await self._await(self._remove, name)
+        await self._loop_thread.arun(self._remove, name)
 
     # -- lifecycle -----------------------------------------------------------------------
 
     def connect(self, name: str, *, timeout_s: float | None = None) -> None:
         """Opens the server's session now rather than on first use; no-op when it is live."""
-        self._wait(self._connect, name, timeout_s)
+        self._loop_thread.run(self._connect, name, timeout_s)
 
     async def aconnect(self, name: str, *, timeout_s: float | None = None) -> None:
-        await self._await(self._connect, name, timeout_s)
+        await self._loop_thread.arun(self._connect, name, timeout_s)
 
     def close(self) -> None:
         """Closes every session and stops the loop thread; later calls raise ``ClosedError``.
@@ -474,39 +472,33 @@ class McpServers:
         Bounded even when servers are dead or hung: each session gets a few seconds to close,
         then its task is cancelled (the SDK still kills a stdio server's process tree).
         """
-        shutdown = self._begin_close()
-        if shutdown is not None:
-            shutdown.result()
-            self._join()
+        self._loop_thread.close()
 
     async def aclose(self) -> None:
-        shutdown = self._begin_close()
-        if shutdown is not None:
-            await asyncio.wrap_future(shutdown)
-            await asyncio.to_thread(self._join)
+        await self._loop_thread.aclose()
 
     # -- requests ------------------------------------------------------------------------
 
     def list_tools(self, name: str, *, timeout_s: float | None = None) -> list[McpToolInfo]:
         """Every tool the server lists (all pages)."""
-        return self._wait(self._list_tools, name, timeout_s)
+        return self._loop_thread.run(self._list_tools, name, timeout_s)
 
     async def alist_tools(self, name: str, *, timeout_s: float | None = None) -> list[McpToolInfo]:
-        return await self._await(self._list_tools, name, timeout_s)
+        return await self._loop_thread.arun(self._list_tools, name, timeout_s)
 
     def list_resources(self, name: str, *, timeout_s: float | None = None) -> list[McpResourceInfo]:
         """Every resource the server lists (all pages)."""
-        return self._wait(self._list_resources, name, timeout_s)
+        return self._loop_thread.run(self._list_resources, name, timeout_s)
 
     async def alist_resources(self, name: str, *, timeout_s: float | None = None) -> list[McpResourceInfo]:
-        return await self._await(self._list_resources, name, timeout_s)
+        return await self._loop_thread.arun(self._list_resources, name, timeout_s)
 
     def list_prompts(self, name: str, *, timeout_s: float | None = None) -> list[McpPromptInfo]:
         """Every prompt the server lists (all pages)."""
-        return self._wait(self._list_prompts, name, timeout_s)
+        return self._loop_thread.run(self._list_prompts, name, timeout_s)
 
     async def alist_prompts(self, name: str, *, timeout_s: float | None = None) -> list[McpPromptInfo]:
-        return await self._await(self._list_prompts, name, timeout_s)
+        return await self._loop_thread.arun(self._list_prompts, name, timeout_s)
 
     def call_tool(
         self, name: str, tool: str, arguments: Mapping[str, Any] | None = None, *, timeout_s: float | None = None
@@ -517,12 +509,12 @@ class McpServers:
         ``McpServerError`` means the server refused the request (``code`` set: unknown tool,
         bad arguments) or could not be reached.
         """
-        return self._wait(self._call_tool, name, tool, arguments, timeout_s)
+        return self._loop_thread.run(self._call_tool, name, tool, arguments, timeout_s)
 
     async def acall_tool(
         self, name: str, tool: str, arguments: Mapping[str, Any] | None = None, *, timeout_s: float | None = None
     ) -> dict[str, Any]:
-        return await self._await(self._call_tool, name, tool, arguments, timeout_s)
+        return await self._loop_thread.arun(self._call_tool, name, tool, arguments, timeout_s)
 
     def run_op(self, name: str, op: str, payload: Mapping[str, Any], *, timeout_s: float | None = None) -> Any:
         """One ``MCP.<server>.resources/prompts`` request as a cell makes it, answered in the
@@ -535,20 +527,15 @@ class McpServers:
         * ``resources.read`` (``{uri}``) and ``prompts.get`` (``{name, arguments?}``): as
           ``read_resource`` and ``get_prompt``.
         """
-        return self._wait(self._run_op, name, op, payload, timeout_s)
+        return self._loop_thread.run(self._run_op, name, op, payload, timeout_s)
 
     async def arun_op(self, name: str, op: str, payload: Mapping[str, Any], *, timeout_s: float | None = None) -> Any:
-        return await self._await(self._run_op, name, op, payload, timeout_s)
+        return await self._loop_thread.arun(self._run_op, name, op, payload, timeout_s)
 
     def event_loop(self) -> asyncio.AbstractEventLoop:
         """The loop MCP I/O runs on (started on first use). A caller that runs its coroutines
         here (``call_tool_here``) saves two thread hops per call."""
-        loop = self._loop
-        if loop is None:
-            self._schedule(asyncio.sleep, 0).result()
-            loop = self._loop
-            assert loop is not None
-        return loop
+        return self._loop_thread.event_loop()
 
     def call_tool_here(
         self, name: str, tool: str, arguments: Mapping[str, Any] | None = None, *, timeout_s: float | None = None
@@ -559,116 +546,44 @@ class McpServers:
 
     def read_resource(self, name: str, uri: str, *, timeout_s: float | None = None) -> dict[str, Any]:
         """Reads a resource: ``{"contents": [{"uri", "mimeType"?, "text" | "blob"}, ...]}``."""
-        return self._wait(self._read_resource, name, uri, timeout_s)
+        return self._loop_thread.run(self._read_resource, name, uri, timeout_s)
 
     async def aread_resource(self, name: str, uri: str, *, timeout_s: float | None = None) -> dict[str, Any]:
-        return await self._await(self._read_resource, name, uri, timeout_s)
+        return await self._loop_thread.arun(self._read_resource, name, uri, timeout_s)
 
     def get_prompt(
         self, name: str, prompt: str, arguments: Mapping[str, str] | None = None, *, timeout_s: float | None = None
     ) -> dict[str, Any]:
         """Renders a prompt: ``{"description"?: str, "messages": [{"role", "content"}, ...]}``."""
-        return self._wait(self._get_prompt, name, prompt, arguments, timeout_s)
+        return self._loop_thread.run(self._get_prompt, name, prompt, arguments, timeout_s)
 
     async def aget_prompt(
         self, name: str, prompt: str, arguments: Mapping[str, str] | None = None, *, timeout_s: float | None = None
     ) -> dict[str, Any]:
-        return await self._await(self._get_prompt, name, prompt, arguments, timeout_s)
-
-    # -- the loop thread -----------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedError("McpServers was used after close()")
-
-    def _schedule(
-        self, fn: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs
-    ) -> concurrent.futures.Future[T]:
-        """Starts the loop thread on first use and submits ``fn(...)`` to it.
-
-        Under the lock, so that work submitted before ``close()`` reaches the loop before its
-        shutdown does, and nothing reaches it after.
-        """
-        with self._lock:
-            self._check_open()
-            if self._loop is None:
-                started = threading.Event()
-                thread = threading.Thread(target=self._run_loop, args=(started,), name="codemode-mcp", daemon=True)
-                thread.start()
-                started.wait()
-                self._thread = thread
-            assert self._loop is not None
-            return asyncio.run_coroutine_threadsafe(fn(*args, **kwargs), self._loop)
-
-    def _run_loop(self, started: threading.Event) -> None:
-        async def main() -> None:
-            self._loop = asyncio.get_running_loop()
-            self._loop_done = asyncio.Event()
-            started.set()
-            await self._loop_done.wait()
-
-        # A HotLoop: a loop reader answers workers from it (see `hotloop`). Like asyncio.run (whose
-        # loop_factory, asyncio.Runner, is 3.11+), cancel whatever is left, then close it.
-        loop = HotLoop()
-        try:
-            loop.run_until_complete(main())
-        finally:
-            try:
-                left = asyncio.all_tasks(loop)
-                for task in left:
-                    task.cancel()
-                if left:
-                    loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.run_until_complete(loop.shutdown_default_executor())
-            finally:
-                loop.close()
+        return await self._loop_thread.arun(self._get_prompt, name, prompt, arguments, timeout_s)
 
     def on_loop_thread(self) -> bool:
         """True on the thread of ``event_loop()``: blocking there on MCP work never finishes."""
-        return self._thread is not None and threading.current_thread() is self._thread
+        return self._loop_thread.on_loop_thread()
 
-    def _wait(self, fn: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
-        if self.on_loop_thread():
-            raise RuntimeError("McpServers' blocking methods cannot run on its own loop thread; use the a* twins")
-        return self._schedule(fn, *args, **kwargs).result()
-
-    async def _await(self, fn: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
-        return await asyncio.wrap_future(self._schedule(fn, *args, **kwargs))
+    # -- the config table and the sessions -----------------------------------------------
 
     def _forget_unstarted(self, name: str) -> bool:
         """Removes the server right here when no loop (hence no session) exists yet."""
         with self._lock:
-            self._check_open()
+            self._loop_thread.check_open()
             if name not in self._configs:
                 raise ConfigError(f"no MCP server named {name!r} is configured")
-            if self._loop is None:
+            if not self._loop_thread.started:
                 del self._configs[name]
                 return True
             return False
 
-    def _begin_close(self) -> concurrent.futures.Future[None] | None:
-        """Marks the object closed and submits the shutdown; None if there is nothing to stop."""
-        if self._thread is not None and threading.current_thread() is self._thread:
-            raise RuntimeError("McpServers cannot be closed from its own loop thread")
-        with self._lock:
-            if self._closed:
-                return None
-            self._closed = True
-            if self._loop is None:
-                return None
-            return asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
-
-    def _join(self) -> None:
-        assert self._thread is not None
-        self._thread.join()
-
-    async def _shutdown(self) -> None:
+    async def _close_connections(self) -> None:
+        """The loop thread's last work (see `LoopThread.close`): every session closes."""
         self._shutting_down = True
         connections, self._connections = list(self._connections.values()), {}
         await asyncio.gather(*(connection.close() for connection in connections))
-        assert self._loop_done is not None
-        self._loop_done.set()
 
     # -- work on the loop ----------------------------------------------------------------
 
@@ -688,6 +603,9 @@ class McpServers:
             )
         return connection
 
+    def _timeout(self, timeout_s: float | None) -> float:
+        return self._timeout_s if timeout_s is None else timeout_s
+
     async def _remove(self, name: str) -> None:
         # Config and session go together, with no await in between: a call that comes later
         # finds neither, and a server added again under this name gets a new session.
@@ -699,128 +617,29 @@ class McpServers:
             await connection.close()
 
     async def _connect(self, name: str, timeout_s: float | None) -> None:
-        await self._connection(name).client(self._timeout_s if timeout_s is None else timeout_s)
-
-    async def _request(
-        self, name: str, what: str, op: Callable[[Client], Awaitable[T]], timeout_s: float | None, *, replay_safe: bool
-    ) -> T:
-        """Runs one request; ``replay_safe`` ones (reads) get one more try if the connection drops.
-
-        A request whose connection drops in flight may have reached the server, so a
-        ``tools/call`` is not sent again: it fails, and the next call opens a new session.
-        """
-        timeout = self._timeout_s if timeout_s is None else timeout_s
-        connection = self._connection(name)
-        try:
-            return await connection.request(what, op, timeout)
-        except _ConnectionLost as lost:
-            if not replay_safe:
-                raise McpServerError(
-                    f"MCP server {name!r} is unavailable: the connection was lost during {what} ({lost}); "
-                    "not retried because it may have run. The next call reconnects.",
-                    server=name,
-                ) from lost.__cause__
-        try:
-            return await connection.request(what, op, timeout)
-        except _ConnectionLost as lost:
-            raise McpServerError(
-                f"MCP server {name!r} is unavailable: the connection was lost during {what}, twice ({lost})",
-                server=name,
-            ) from lost.__cause__
+        await self._connection(name).client(self._timeout(timeout_s))
 
     async def _list_tools(self, name: str, timeout_s: float | None) -> list[McpToolInfo]:
-        async def op(client: Client) -> list[McpToolInfo]:
-            if client.server_capabilities.tools is None:
-                return []  # (a server of resources or prompts only)
-            pages = await _all_pages(name, "tools/list", lambda cursor: client.list_tools(cursor=cursor))
-            return [
-                McpToolInfo(
-                    name=tool.name,
-                    description=tool.description or "",
-                    input_schema=tool.input_schema,
-                    output_schema=tool.output_schema,
-                    # The spec's display-name order: title, then annotations.title.
-                    title=tool.title or (tool.annotations.title if tool.annotations else None),
-                )
-                for page in pages
-                for tool in page.tools
-            ]
-
-        return await self._request(name, "tools/list", op, timeout_s, replay_safe=True)
+        return await _tools_list(self._connection(name), self._timeout(timeout_s))
 
     async def _list_resources(self, name: str, timeout_s: float | None) -> list[McpResourceInfo]:
-        async def op(client: Client) -> list[McpResourceInfo]:
-            if client.server_capabilities.resources is None:
-                return []
-            pages = await _all_pages(name, "resources/list", lambda cursor: client.list_resources(cursor=cursor))
-            return [
-                McpResourceInfo(
-                    uri=resource.uri,
-                    name=resource.name,
-                    title=resource.title,
-                    description=resource.description,
-                    mime_type=resource.mime_type,
-                    size=resource.size,
-                    annotations=_dumped(resource.annotations),
-                    meta=resource.meta,
-                )
-                for page in pages
-                for resource in page.resources
-            ]
-
-        return await self._request(name, "resources/list", op, timeout_s, replay_safe=True)
+        return await _resources_list(self._connection(name), self._timeout(timeout_s))
 
     async def _list_prompts(self, name: str, timeout_s: float | None) -> list[McpPromptInfo]:
-        async def op(client: Client) -> list[McpPromptInfo]:
-            if client.server_capabilities.prompts is None:
-                return []
-            pages = await _all_pages(name, "prompts/list", lambda cursor: client.list_prompts(cursor=cursor))
-            return [
-                McpPromptInfo(
-                    name=prompt.name,
-                    title=prompt.title,
-                    description=prompt.description,
-                    arguments=tuple(
-                        McpPromptArgument(name=arg.name, description=arg.description, required=bool(arg.required))
-                        for arg in prompt.arguments or ()
-                    ),
-                    meta=prompt.meta,
-                )
-                for page in pages
-                for prompt in page.prompts
-            ]
-
-        return await self._request(name, "prompts/list", op, timeout_s, replay_safe=True)
+        return await _prompts_list(self._connection(name), self._timeout(timeout_s))
 
     async def _call_tool(
         self, name: str, tool: str, arguments: Mapping[str, Any] | None, timeout_s: float | None
     ) -> dict[str, Any]:
-        async def op(client: Client) -> dict[str, Any]:
-            result = await client.call_tool(tool, dict(arguments) if arguments is not None else None)
-            # Only the spec's McpToolResult fields: the envelope (resultType, _meta) is protocol.
-            return result.model_dump(
-                mode="json", by_alias=True, exclude_none=True, include={"content", "structured_content", "is_error"}
-            )
-
-        return await self._request(name, f"tools/call {tool!r}", op, timeout_s, replay_safe=False)
+        return await _tools_call(self._connection(name), tool, arguments, self._timeout(timeout_s))
 
     async def _read_resource(self, name: str, uri: str, timeout_s: float | None) -> dict[str, Any]:
-        async def op(client: Client) -> dict[str, Any]:
-            _offers(name, client, "resources")
-            result = await client.read_resource(uri)
-            return result.model_dump(mode="json", by_alias=True, exclude_none=True, include={"contents"})
-
-        return await self._request(name, f"resources/read {uri!r}", op, timeout_s, replay_safe=True)
+        return await _resources_read(self._connection(name), uri, self._timeout(timeout_s))
 
     async def _get_prompt(
         self, name: str, prompt: str, arguments: Mapping[str, str] | None, timeout_s: float | None
     ) -> dict[str, Any]:
-        async def op(client: Client) -> dict[str, Any]:
-            _offers(name, client, "prompts")
-            result = await client.get_prompt(prompt, dict(arguments) if arguments is not None else None)
-            return result.model_dump(mode="json", by_alias=True, exclude_none=True, include={"description", "messages"})
-
-        return await self._request(name, f"prompts/get {prompt!r}", op, timeout_s, replay_safe=True)
+        return await _prompts_get(self._connection(name), prompt, arguments, self._timeout(timeout_s))
 
     async def _run_op(self, name: str, op: str, payload: Any, timeout_s: float | None) -> Any:
         payload = payload if isinstance(payload, Mapping) else {}
@@ -830,16 +649,127 @@ class McpServers:
             return await self._get_prompt(name, str(payload.get("name", "")), payload.get("arguments"), timeout_s)
         if op not in _OPS:
             raise McpServerError(f"unknown MCP request {op!r}", server=name)
-        kind = _OPS[op]
         cursor = payload.get("cursor")
+        return await _cell_listing(
+            self._connection(name), _OPS[op], cursor if isinstance(cursor, str) else None, self._timeout(timeout_s)
+        )
 
-        async def listing(client: Client) -> dict[str, Any]:
-            if getattr(client.server_capabilities, kind) is None:
-                return {kind: []}
-            fetch = client.list_resources if kind == "resources" else client.list_prompts
-            return await _listing(fetch, kind, cursor if isinstance(cursor, str) else None)
 
-        return await self._request(name, f"{kind}/list", listing, timeout_s, replay_safe=True)
+# -- the requests: what each sends on a server's connection, and how its answer reads -----------
+
+
+async def _tools_list(connection: _Connection, timeout_s: float) -> list[McpToolInfo]:
+    async def op(client: Client) -> list[McpToolInfo]:
+        if client.server_capabilities.tools is None:
+            return []  # (a server of resources or prompts only)
+        pages = await _all_pages(connection.name, "tools/list", lambda cursor: client.list_tools(cursor=cursor))
+        return [
+            McpToolInfo(
+                name=tool.name,
+                description=tool.description or "",
+                input_schema=tool.input_schema,
+                output_schema=tool.output_schema,
+                # The spec's display-name order: title, then annotations.title.
+                title=tool.title or (tool.annotations.title if tool.annotations else None),
+            )
+            for page in pages
+            for tool in page.tools
+        ]
+
+    return await connection.request("tools/list", op, timeout_s, replay_safe=True)
+
+
+async def _resources_list(connection: _Connection, timeout_s: float) -> list[McpResourceInfo]:
+    async def op(client: Client) -> list[McpResourceInfo]:
+        if client.server_capabilities.resources is None:
+            return []
+        pages = await _all_pages(connection.name, "resources/list", lambda cursor: client.list_resources(cursor=cursor))
+        return [
+            McpResourceInfo(
+                uri=resource.uri,
+                name=resource.name,
+                title=resource.title,
+                description=resource.description,
+                mime_type=resource.mime_type,
+                size=resource.size,
+                annotations=_dumped(resource.annotations),
+                meta=resource.meta,
+            )
+            for page in pages
+            for resource in page.resources
+        ]
+
+    return await connection.request("resources/list", op, timeout_s, replay_safe=True)
+
+
+async def _prompts_list(connection: _Connection, timeout_s: float) -> list[McpPromptInfo]:
+    async def op(client: Client) -> list[McpPromptInfo]:
+        if client.server_capabilities.prompts is None:
+            return []
+        pages = await _all_pages(connection.name, "prompts/list", lambda cursor: client.list_prompts(cursor=cursor))
+        return [
+            McpPromptInfo(
+                name=prompt.name,
+                title=prompt.title,
+                description=prompt.description,
+                arguments=tuple(
+                    McpPromptArgument(name=arg.name, description=arg.description, required=bool(arg.required))
+                    for arg in prompt.arguments or ()
+                ),
+                meta=prompt.meta,
+            )
+            for page in pages
+            for prompt in page.prompts
+        ]
+
+    return await connection.request("prompts/list", op, timeout_s, replay_safe=True)
+
+
+async def _tools_call(
+    connection: _Connection, tool: str, arguments: Mapping[str, Any] | None, timeout_s: float
+) -> dict[str, Any]:
+    async def op(client: Client) -> dict[str, Any]:
+        result = await client.call_tool(tool, dict(arguments) if arguments is not None else None)
+        # Only the spec's McpToolResult fields: the envelope (resultType, _meta) is protocol.
+        return result.model_dump(
+            mode="json", by_alias=True, exclude_none=True, include={"content", "structured_content", "is_error"}
+        )
+
+    return await connection.request(f"tools/call {tool!r}", op, timeout_s, replay_safe=False)
+
+
+async def _resources_read(connection: _Connection, uri: str, timeout_s: float) -> dict[str, Any]:
+    async def op(client: Client) -> dict[str, Any]:
+        _offers(connection.name, client, "resources")
+        result = await client.read_resource(uri)
+        return result.model_dump(mode="json", by_alias=True, exclude_none=True, include={"contents"})
+
+    return await connection.request(f"resources/read {uri!r}", op, timeout_s, replay_safe=True)
+
+
+async def _prompts_get(
+    connection: _Connection, prompt: str, arguments: Mapping[str, str] | None, timeout_s: float
+) -> dict[str, Any]:
+    async def op(client: Client) -> dict[str, Any]:
+        _offers(connection.name, client, "prompts")
+        result = await client.get_prompt(prompt, dict(arguments) if arguments is not None else None)
+        return result.model_dump(mode="json", by_alias=True, exclude_none=True, include={"description", "messages"})
+
+    return await connection.request(f"prompts/get {prompt!r}", op, timeout_s, replay_safe=True)
+
+
+async def _cell_listing(
+    connection: _Connection, kind: Literal["resources", "prompts"], cursor: str | None, timeout_s: float
+) -> dict[str, Any]:
+    """A cell's ``resources.list`` / ``prompts.list`` (see `McpServers.run_op`)."""
+
+    async def listing(client: Client) -> dict[str, Any]:
+        if getattr(client.server_capabilities, kind) is None:
+            return {kind: []}
+        fetch = client.list_resources if kind == "resources" else client.list_prompts
+        return await _listing(fetch, kind, cursor)
+
+    return await connection.request(f"{kind}/list", listing, timeout_s, replay_safe=True)
 
 
 class _Connection:
@@ -875,11 +805,36 @@ class _Connection:
         if client is self._client:
             self._stop.set()
 
-    async def request(self, what: str, op: Callable[[Client], Awaitable[T]], timeout_s: float) -> T:
+    async def request(
+        self, what: str, op: Callable[[Client], Awaitable[T]], timeout_s: float, *, replay_safe: bool
+    ) -> T:
+        """Runs one request; ``replay_safe`` ones (reads) get one more try if the connection drops.
+
+        A request whose connection drops in flight may have reached the server, so a
+        ``tools/call`` is not sent again: it fails, and the next call opens a new session.
+        """
+        try:
+            return await self._attempt(what, op, timeout_s)
+        except _ConnectionLost as lost:
+            if not replay_safe:
+                raise McpServerError(
+                    f"MCP server {self.name!r} is unavailable: the connection was lost during {what} ({lost}); "
+                    "not retried because it may have run. The next call reconnects.",
+                    server=self.name,
+                ) from lost.__cause__
+        try:
+            return await self._attempt(what, op, timeout_s)
+        except _ConnectionLost as lost:
+            raise McpServerError(
+                f"MCP server {self.name!r} is unavailable: the connection was lost during {what}, twice ({lost})",
+                server=self.name,
+            ) from lost.__cause__
+
+    async def _attempt(self, what: str, op: Callable[[Client], Awaitable[T]], timeout_s: float) -> T:
         """Runs ``op`` on the live session within ``timeout_s``, mapping SDK failures.
 
         Raises ``_ConnectionLost`` (after ending the session) when the connection went away
-        under the request, so that the caller can decide whether to send it again.
+        under the request, so that ``request`` can decide whether to send it again.
         """
         client = await self.client(timeout_s)
         try:
@@ -1058,7 +1013,7 @@ _LIST_CHANGED = (ToolListChangedNotification, ResourceListChangedNotification, P
 
 
 class _ConnectionLost(Exception):
-    """The connection went away while a request was in flight (internal; see ``_request``)."""
+    """The connection went away while a request was in flight (internal; see `_Connection.request`)."""
 
 
 class _EndWatch:
