@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 
 import codemode
 import pytest
-from codemode import ClosedError, CodeMode, CodemodeError, Completed, ConfigError, Failed, load_config
+from codemode import ClosedError, CodeMode, CodemodeError, Completed, ConfigError, Failed, StoreError, load_config
 
 # ---- result shape --------------------------------------------------------------------------------
 
@@ -273,6 +275,35 @@ def test_unknown_language_in_config_raises_config_error():
 def test_empty_languages_raise_config_error():
     with pytest.raises(ConfigError):
         CodeMode({"languages": []})
+
+
+def _worker_children() -> set[int]:
+    """This process's live codemode-worker children (from /proc: no dependency)."""
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        if comm == "codemode-worker" and int(rest[1]) == os.getpid() and rest[0] != "Z":
+            pids.add(int(entry))
+    return pids
+
+
+def test_a_store_that_cannot_open_fails_the_constructor_with_no_worker_left_running(tmp_path):
+    # The workers start before the store opens (they boot meanwhile): a failure must end them.
+    before = _worker_children()
+    for target in (tmp_path / "no" / "such" / "dir" / "s.db", "postgresql://127.0.0.1:1/none?connect_timeout=2"):
+        with pytest.raises(StoreError, match=r"cannot (open|connect)"):
+            CodeMode({"workers": 2}, store=target)
+    deadline = time.monotonic() + 5
+    while _worker_children() - before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _worker_children() - before == set()
 
 
 def test_negative_workers_raise_config_error():

@@ -10,6 +10,7 @@ wrong type, an unknown key or a key given both ways is a ``ConfigError``.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal
 
 import msgspec
@@ -91,9 +92,7 @@ def either_spelling(value: dict[Any, Any], struct: type[msgspec.Struct]) -> dict
     """``value`` with each of ``struct``'s fields under the name the struct decodes, whether it
     was given camelCase (``timeoutMs``) or snake_case (``timeout_ms``); a ``ConfigError`` names
     a field given both ways. Other keys are left for the struct to refuse."""
-    names: dict[str, str] = {}
-    for field in msgspec.structs.fields(struct):
-        names[field.name] = names[_camel(field.name)] = field.encode_name
+    names = _spellings(struct)
     out: dict[Any, Any] = {}
     given: dict[str, Any] = {}
     for key, item in value.items():
@@ -103,6 +102,16 @@ def either_spelling(value: dict[Any, Any], struct: type[msgspec.Struct]) -> dict
         out[name] = item
         given[name] = key
     return out
+
+
+@functools.cache
+def _spellings(struct: type[msgspec.Struct]) -> dict[str, str]:
+    """Each field's two spellings -> the name ``struct`` decodes. Once per struct: reading its
+    fields resolves every annotation (~0.5 ms, on every ``CodeMode`` and pragma'd cell)."""
+    names: dict[str, str] = {}
+    for field in msgspec.structs.fields(struct):
+        names[field.name] = names[_camel(field.name)] = field.encode_name
+    return names
 
 
 def _camel(snake: str) -> str:

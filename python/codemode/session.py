@@ -97,15 +97,7 @@ class CodeMode:
         # constructor with nothing left running.
         for name, server in self.config.mcp_servers.items():
             self.add_mcp_server(name, server)
-        #: Where `store`/`load` values live, and the snapshots a run starts with (`codemode.stored_values`).
-        self._stored = StoredValues(store)
-        self._namespaces = Namespaces()
-        self._policy = Policy.of(allow, deny, require_approval)
-        self._trace = Trace()
-        self._gate = Gate(before_tool_call, approve, self._trace)
-        self._loop = BackgroundLoop()
-        self._closed = False
-        call_ids = itertools.count(1)
+        # The workers boot while the rest is set up (a store to open, a first worker to start).
         size = self.config.workers or min(4, os.cpu_count() or 1)
         self._supervisor = Supervisor(
             size,
@@ -114,6 +106,19 @@ class CodeMode:
             max_snapshot_bytes=self.config.max_snapshot_bytes,
             max_journal_bytes=self.config.max_journal_bytes,
         )
+        try:
+            #: Where `store`/`load` values live, and the snapshots a run starts with (`codemode.stored_values`).
+            self._stored = StoredValues(store)
+        except BaseException:
+            self._supervisor.close()  # (a store that cannot open leaves nothing running)
+            raise
+        self._namespaces = Namespaces()
+        self._policy = Policy.of(allow, deny, require_approval)
+        self._trace = Trace()
+        self._gate = Gate(before_tool_call, approve, self._trace)
+        self._loop = BackgroundLoop()
+        self._closed = False
+        call_ids = itertools.count(1)
         #: Full texts of cut outputs, per session, in memory only (`codemode.outputs`).
         self._output_store = OutputStore(
             self.config.output_store_bytes, self.config.output_store_total_bytes, self.config.output_store_ttl_seconds
