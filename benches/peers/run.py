@@ -5,9 +5,10 @@
 Peers: ``mini-racer`` (V8, in process), ``quickjs`` (PyPI, QuickJS in process), ``pydantic-monty``
 (Python cells of the same logic, in its worker subprocess) and ``node/harness.mjs`` (quickjs-wasi in
 a Node worker thread, the reference design; spawned once, timed inside Node). Workloads: a trivial
-cell, ten sequential awaited calls to a host tool, filtering 1,000 records built in the cell, a
-suspend/resume cycle, and a cold start. Every warm round follows a short untimed pause, as in
-``benches/test_codemode.py``'s idle numbers; every result is checked. Prints the table (medians and
+cell (after a pause, and back to back), ten sequential awaited calls to a host tool, filtering 1,000
+records built in the cell, a suspend/resume cycle, and a cold start. Every warm round but the
+back-to-back ones follows a short untimed pause, as in ``benches/test_codemode.py``'s idle numbers;
+every result is checked. Prints the table (medians and
 peer/codemode ratios), writes ``results.json`` beside this file and the chart ``docs/peers.png``,
 and with ``--write`` replaces the table between the peers markers of that README.
 """
@@ -40,12 +41,13 @@ BEGIN, END = "<!-- peers:begin -->", "<!-- peers:end -->"
 GAP_S = 0.002  # before each warm round: the worker is idle, as between model turns
 COLD_GAP_S = 0.2  # before each cold round: the previous instance's teardown finishes off the clock
 WARMUP = 10
-ROUNDS = {"trivial": 300, "toolcalls": 200, "filter": 200, "suspend": 200, "cold": 15}
-QUICK_ROUNDS = {"trivial": 30, "toolcalls": 20, "filter": 20, "suspend": 20, "cold": 3}
+ROUNDS = {"trivial": 300, "b2b": 300, "toolcalls": 200, "filter": 200, "suspend": 200, "cold": 15}
+QUICK_ROUNDS = {"trivial": 30, "b2b": 30, "toolcalls": 20, "filter": 20, "suspend": 20, "cold": 3}
 
 #: workload -> (table label, chart label)
 WORKLOADS = {
     "trivial": ("trivial cell (`return 1 + 1`)", "trivial cell"),
+    "b2b": ("the trivial cell, back to back (no pause)", "back to back"),
     "toolcalls": ("10 sequential awaited host tool calls", "10 tool calls"),
     "filter": ("filter 1,000 records built in the cell", "filter 1,000 records"),
     "suspend": ("suspend, then resume (exec + wait)", "suspend + resume"),
@@ -73,9 +75,12 @@ PY_CELLS = {  # pydantic-monty: the same logic as a Python cell (the last expres
     ),
     "suspend": "yield_control('pause')\n1",
 }
+#: Workloads that run another's cell (back to back: the trivial cell with no pause between rounds).
+CELL_OF = {"b2b": "trivial"}
 _HITS = [i for i in range(1000) if (i * 7919) % 1000 > 500]
 EXPECTED: dict[str, object] = {
     "trivial": 2,
+    "b2b": 2,
     "toolcalls": sum(2 * i for i in range(10)),
     "filter": {"count": len(_HITS), "idSum": sum(_HITS)},
     "suspend": 1,
@@ -105,9 +110,18 @@ def _check(workload: str, value: object) -> None:
         raise AssertionError(f"{workload}: expected {EXPECTED[workload]!r}, got {value!r}")
 
 
+def _gap(workload: str) -> float:
+    """The untimed pause before each round of ``workload``."""
+    return {"cold": COLD_GAP_S, "b2b": 0.0}.get(workload, GAP_S)
+
+
+def js_cell(workload: str) -> str:
+    return JS_CELLS[CELL_OF.get(workload, workload)]
+
+
 def sample(workload: str, once: Callable[[], tuple[float, object]], rounds: dict[str, int]) -> list[float]:
     """``once()`` runs one round and returns (seconds it timed, value); the value is checked."""
-    gap = COLD_GAP_S if workload == "cold" else GAP_S
+    gap = _gap(workload)
     for _ in range(0 if workload == "cold" else WARMUP):
         _check(workload, once()[1])
     out = []
@@ -122,7 +136,7 @@ def sample(workload: str, once: Callable[[], tuple[float, object]], rounds: dict
 async def sample_async(
     workload: str, once: Callable[[], Awaitable[tuple[float, object]]], rounds: dict[str, int]
 ) -> list[float]:
-    gap = COLD_GAP_S if workload == "cold" else GAP_S
+    gap = _gap(workload)
     for _ in range(0 if workload == "cold" else WARMUP):
         _check(workload, (await once())[1])
     out = []
@@ -181,8 +195,8 @@ def bench_codemode(rounds: dict[str, int]) -> dict[str, Samples]:
             result = session.wait({"runId": waiting["runId"]})
             return first + time.perf_counter() - t0, result.get("value")
 
-        for workload in ("trivial", "toolcalls", "filter"):
-            out[workload] = sample(workload, exec_once(JS_CELLS[workload]), rounds)
+        for workload in ("trivial", "b2b", "toolcalls", "filter"):
+            out[workload] = sample(workload, exec_once(js_cell(workload)), rounds)
         out["suspend"] = sample("suspend", suspend, rounds)
     return out
 
@@ -223,9 +237,9 @@ async def _mini_racer(rounds: dict[str, int]) -> dict[str, Samples]:
 
     out: dict[str, Samples] = {"cold": await sample_async("cold", cold, rounds)}
     async with engine() as mr:
-        for workload in ("trivial", "toolcalls", "filter"):
+        for workload in ("trivial", "b2b", "toolcalls", "filter"):
 
-            async def once(code: str = JS_CELLS[workload]) -> tuple[float, object]:
+            async def once(code: str = js_cell(workload)) -> tuple[float, object]:
                 t0 = time.perf_counter()
                 value = await run(mr, code)
                 return time.perf_counter() - t0, value
@@ -266,9 +280,9 @@ def bench_quickjs(rounds: dict[str, int]) -> dict[str, Samples]:
 
     out: dict[str, Samples] = {"cold": sample("cold", cold, rounds)}
     ctx = engine()
-    for workload in ("trivial", "toolcalls", "filter"):
+    for workload in ("trivial", "b2b", "toolcalls", "filter"):
 
-        def once(code: str = JS_CELLS[workload]) -> tuple[float, object]:
+        def once(code: str = js_cell(workload)) -> tuple[float, object]:
             t0 = time.perf_counter()
             value = run(ctx, code)
             return time.perf_counter() - t0, value
@@ -329,8 +343,8 @@ def bench_monty(rounds: dict[str, int]) -> dict[str, Samples]:
             done = snap.resume({"return_value": None})
             return first + time.perf_counter() - t0, done.output
 
-        for workload in ("trivial", "toolcalls", "filter"):
-            out[workload] = sample(workload, once(workload), rounds)
+        for workload in ("trivial", "b2b", "toolcalls", "filter"):
+            out[workload] = sample(workload, once(CELL_OF.get(workload, workload)), rounds)
         out["suspend"] = sample("suspend", suspend, rounds)
     return out
 

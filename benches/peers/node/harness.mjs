@@ -259,14 +259,17 @@ async function main(config) {
     },
   };
 
+  // Back to back: the trivial cell with no pause between rounds.
+  once.b2b = once.trivial;
+
   const host = new Host();
   await host.ready;
-  for (const workload of ['trivial', 'toolcalls', 'filter', 'suspend']) {
+  for (const workload of ['trivial', 'b2b', 'toolcalls', 'filter', 'suspend']) {
     if (!rounds[workload]) continue;
     for (let i = 0; i < warmup; i++) await once[workload](host);
     samples[workload] = [];
     for (let i = 0; i < rounds[workload]; i++) {
-      await sleep(pauseMs);
+      if (workload !== 'b2b') await sleep(pauseMs);
       const [seconds, value] = await once[workload](host);
       samples[workload].push(seconds);
       results[workload] = value;
