@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 
 import codemode
 import pytest
 from codemode import ClosedError, CodeMode, CodemodeError, Completed, ConfigError, Failed, StoreError, load_config
+from mcp_servers import wait_until
 
 # ---- result shape --------------------------------------------------------------------------------
 
@@ -300,10 +300,7 @@ def test_a_store_that_cannot_open_fails_the_constructor_with_no_worker_left_runn
     for target in (tmp_path / "no" / "such" / "dir" / "s.db", "postgresql://127.0.0.1:1/none?connect_timeout=2"):
         with pytest.raises(StoreError, match=r"cannot (open|connect)"):
             CodeMode({"workers": 2}, store=target)
-    deadline = time.monotonic() + 5
-    while _worker_children() - before and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert _worker_children() - before == set()
+    wait_until(lambda: not _worker_children() - before, "the workers of the failed constructors exited", 5)
 
 
 def test_negative_workers_raise_config_error():
