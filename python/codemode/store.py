@@ -21,15 +21,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sqlite3
-import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from .errors import ClosedError, ConfigError, StoreError, StoreLimitError
-
-if TYPE_CHECKING:
-    import psycopg
+from .database import Database, PostgresDatabase, SqliteDatabase, is_postgres_url
+from .errors import ConfigError, StoreError, StoreLimitError
 
 __all__ = [
     "MAX_KEY_CHARS",
@@ -47,11 +43,6 @@ MAX_VALUE_CHARS = 262_144
 MAX_TOTAL_CHARS = 1_048_576
 #: Longest key; keeps one key from eating the total budget by itself.
 MAX_KEY_CHARS = 1_024
-
-#: How long a SQLite commit waits for another process's write transaction before failing.
-SQLITE_BUSY_TIMEOUT_S = 10.0
-
-_POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 # NOT NULL because SQLite, unlike PostgreSQL, otherwise accepts NULL in primary key columns.
 _SCHEMA = """
@@ -74,10 +65,6 @@ _UPSERT = (
 _TOTAL = (
     "SELECT COALESCE(SUM(length(key) + length(value)), 0) FROM codemode_store WHERE session_id = {p} AND branch = {p}"
 )
-
-# Serializes concurrent ``CREATE TABLE IF NOT EXISTS`` from several processes, which PostgreSQL
-# otherwise lets fail with a unique violation on its catalog. Any fixed 64-bit number will do.
-_SCHEMA_LOCK_ID = 0x636F_6465_6D6F_6465  # "codemode"
 
 
 class Store(Protocol):
@@ -146,158 +133,60 @@ def _split(session_id: str, branch: str, writes: Mapping[str, str | None]) -> tu
     return deletes, upserts
 
 
-class SqliteStore:
-    """A store in one SQLite database: ``":memory:"`` (private to this object) or a file.
+class _DatabaseStore:
+    """The store's SQL over a `database.Database` (either backend)."""
 
-    One connection serves every thread, behind a lock: SQLite runs one write transaction at a time
-    anyway, and a second connection would make ``":memory:"`` a second database. Files use WAL so
-    readers in other processes never block a commit; ``BEGIN IMMEDIATE`` takes the write lock
-    before the total is measured, so concurrent commits from other processes cannot both fit
-    under the limit separately.
-    """
-
-    def __init__(self, path: str | os.PathLike[str] = ":memory:") -> None:
-        self._lock = threading.Lock()
-        try:
-            conn = sqlite3.connect(path, timeout=SQLITE_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot open the store database {os.fspath(path)!r}: {exc}") from exc
-        try:
-            if os.fspath(path) != ":memory:":
-                conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(_SCHEMA)
-        except sqlite3.Error as exc:
-            conn.close()
-            raise StoreError(f"cannot open the store database {os.fspath(path)!r}: {exc}") from exc
-        self._conn: sqlite3.Connection | None = conn
-
-    def _open(self) -> sqlite3.Connection:
-        if self._conn is None:
-            raise ClosedError("the store is closed")
-        return self._conn
+    def __init__(self, db: Database) -> None:
+        self._db = db
 
     def snapshot(self, session_id: str, branch: str) -> dict[str, str]:
-        with self._lock:
-            conn = self._open()
-            try:
-                return dict(conn.execute(_SELECT.format(p="?"), (session_id, branch)).fetchall())
-            except sqlite3.Error as exc:
-                raise StoreError(f"store read failed: {exc}") from exc
+        with self._db.transaction() as tx:
+            return dict(tx.rows(_SELECT, (session_id, branch)))  # type: ignore[arg-type]
 
     def commit(self, session_id: str, branch: str, writes: Mapping[str, str | None]) -> None:
         _check_writes(writes)
         if not writes:
             return
         deletes, upserts = _split(session_id, branch, writes)
-        with self._lock:
-            conn = self._open()
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    conn.executemany(_DELETE.format(p="?"), deletes)
-                    conn.executemany(_UPSERT.format(p="?"), upserts)
-                    (total,) = conn.execute(_TOTAL.format(p="?"), (session_id, branch)).fetchone()
-                    _check_total(total)
-                    conn.execute("COMMIT")
-                finally:
-                    # Also after a failed COMMIT, which leaves the transaction open.
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-            except sqlite3.Error as exc:
-                raise StoreError(f"store commit failed: {exc}") from exc
+        with self._db.transaction(write=True, lock=_branch_lock(session_id, branch)) as tx:
+            tx.many(_DELETE, deletes)
+            tx.many(_UPSERT, upserts)
+            ((total,),) = tx.rows(_TOTAL, (session_id, branch))
+            _check_total(total)
 
     def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+        self._db.close()
 
 
-class PostgresStore:
+def _branch_lock(session_id: str, branch: str) -> int:
+    """The advisory lock key a commit to (session, branch) takes on PostgreSQL: a hash (JSON keeps
+    the pair unambiguous whatever characters the ids contain); a collision only serializes two
+    unrelated branches."""
+    digest = hashlib.blake2b(json.dumps([session_id, branch]).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+class SqliteStore(_DatabaseStore):
+    """A store in one SQLite database: ``":memory:"`` (private to this object) or a file.
+
+    ``BEGIN IMMEDIATE`` takes the write lock before the total is measured, so concurrent commits
+    from other processes cannot both fit under the limit separately.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] = ":memory:") -> None:
+        super().__init__(SqliteDatabase(path, [_SCHEMA], "store"))
+
+
+class PostgresStore(_DatabaseStore):
     """A store in a PostgreSQL database, shared safely by any number of processes.
 
     Each commit takes a transaction-level advisory lock on a hash of (session, branch) before it
     writes and measures the total: under READ COMMITTED two concurrent commits would otherwise
-    each see only their own writes and could together exceed the limit. A hash collision only
-    serializes two unrelated branches. A lost connection (server restart) fails the call that
-    finds it lost and is reopened by the next one; a commit is never retried blindly.
+    each see only their own writes and could together exceed the limit.
     """
 
     def __init__(self, dsn: str) -> None:
-        try:
-            import psycopg
-        except ImportError as exc:
-            raise StoreError(f"a PostgreSQL store needs psycopg 3: pip install 'psycopg[binary]' ({exc})") from exc
-        self._dsn = dsn
-        self._db_error: type[Exception] = psycopg.Error
-        self._lock = threading.Lock()
-        try:
-            conn = self._connect()
-        except psycopg.Error as exc:
-            raise StoreError(f"cannot connect to the PostgreSQL store: {exc}") from exc
-        try:
-            with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK_ID,))
-                conn.execute(_SCHEMA)
-        except psycopg.Error as exc:
-            conn.close()
-            raise StoreError(f"cannot create the PostgreSQL store table: {exc}") from exc
-        self._conn: psycopg.Connection[Any] | None = conn
-
-    def _connect(self) -> psycopg.Connection[Any]:
-        """Connects in autocommit mode, so that only explicit ``transaction()`` blocks group writes.
-
-        The database must be UTF-8: in another encoding ``length()`` would not count characters.
-        """
-        import psycopg
-
-        conn = psycopg.connect(self._dsn, autocommit=True, client_encoding="utf8")
-        row = conn.execute("SHOW server_encoding").fetchone()
-        if row is None or row[0] != "UTF8":
-            conn.close()
-            raise StoreError(f"the PostgreSQL store database must use UTF8 encoding, not {row and row[0]!r}")
-        return conn
-
-    def _open(self) -> psycopg.Connection[Any]:
-        if self._conn is None:
-            raise ClosedError("the store is closed")
-        if self._conn.closed:  # only ever by a lost connection: close() drops the reference
-            self._conn = self._connect()
-        return self._conn
-
-    def snapshot(self, session_id: str, branch: str) -> dict[str, str]:
-        with self._lock:
-            try:
-                conn = self._open()
-                return dict(conn.execute(_SELECT.format(p="%s"), (session_id, branch)).fetchall())
-            except self._db_error as exc:
-                raise StoreError(f"store read failed: {exc}") from exc
-
-    def commit(self, session_id: str, branch: str, writes: Mapping[str, str | None]) -> None:
-        _check_writes(writes)
-        if not writes:
-            return
-        deletes, upserts = _split(session_id, branch, writes)
-        # JSON keeps the pair unambiguous whatever characters the ids contain.
-        digest = hashlib.blake2b(json.dumps([session_id, branch]).encode(), digest_size=8).digest()
-        lock_id = int.from_bytes(digest, "big", signed=True)
-        with self._lock:
-            try:
-                conn = self._open()
-                with conn.transaction(), conn.cursor() as cur:
-                    cur.execute("SELECT pg_advisory_xact_lock(%s)", (lock_id,))
-                    cur.executemany(_DELETE.format(p="%s"), deletes)
-                    cur.executemany(_UPSERT.format(p="%s"), upserts)
-                    row = cur.execute(_TOTAL.format(p="%s"), (session_id, branch)).fetchone()
-                    _check_total(row[0] if row else 0)
-            except self._db_error as exc:
-                raise StoreError(f"store commit failed: {exc}") from exc
-
-    def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+        super().__init__(PostgresDatabase(dsn, [_SCHEMA], "store"))
 
 
 def open_store(target: str | os.PathLike[str] | None) -> Store:
@@ -309,8 +198,8 @@ def open_store(target: str | os.PathLike[str] | None) -> Store:
     """
     if target is None:
         return SqliteStore()
-    if isinstance(target, str) and target.lower().startswith(_POSTGRES_SCHEMES):
-        return PostgresStore(target)
+    if is_postgres_url(target):
+        return PostgresStore(str(target))
     if not isinstance(target, (str, os.PathLike)):
         raise ConfigError(f"store target must be a path or a postgresql:// URL, got {type(target).__name__}")
     return SqliteStore(target)
