@@ -15,6 +15,9 @@ from typing import Any
 import pytest
 from codemode import CodeMode, Session
 from codemode.namespaces import NamespaceRegistration, namespace_tool
+from postgres import database_target, postgres_server
+
+__all__ = ["database_target", "postgres_server"]  # (fixtures of `postgres`, for every test module)
 
 RECOVERY_CELL = "return 40 + 2"
 

@@ -112,7 +112,7 @@ def _admitted(result: CallResult) -> tuple[CallResult, int]:
 class CallResults:
     """One run's finished calls, ready to hand over, and its async calls in flight."""
 
-    __slots__ = ("_futures", "_landed", "_lock", "_loops", "_ready", "listener")
+    __slots__ = ("_futures", "_landed", "_lock", "_loops", "_ready", "listener", "sink")
 
     def __init__(self) -> None:
         #: Results ready to hand over, each with its payload's size (`result_bytes`).
@@ -126,6 +126,9 @@ class CallResults:
         self._loops: dict[int, asyncio.AbstractEventLoop] = {}
         #: Told (with no arguments, outside the lock) after results land.
         self.listener: Callable[[], object] | None = None
+        #: Given every result that lands (before the listener), while the run is suspended in a
+        #: shared run store: its calls' results are written there for whichever host resumes it.
+        self.sink: Callable[[list[CallResult]], object] | None = None
 
     def add(self, results: list[CallResult]) -> None:
         """Results to hand to the run; tells the listener. Every result passes here (see
@@ -135,7 +138,9 @@ class CallResults:
         admitted = [_admitted(result) for result in results]
         with self._lock:
             self._ready.extend(admitted)
-            landed, listener = self._landed, self.listener
+            landed, listener, sink = self._landed, self.listener, self.sink
+        if sink is not None:
+            sink([result for result, _ in admitted])
         if landed is not None:
             landed.set()
         if listener is not None:
@@ -163,6 +168,11 @@ class CallResults:
     def has_ready(self) -> bool:
         with self._lock:
             return bool(self._ready)
+
+    def peek(self) -> list[CallResult]:
+        """The ready results, left ready."""
+        with self._lock:
+            return [result for result, _ in self._ready]
 
     def take(self, max_bytes: int | None = None) -> list[CallResult]:
         """The ready results, in order; with ``max_bytes``, only the first ones whose payloads

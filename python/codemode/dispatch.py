@@ -186,6 +186,19 @@ class Dispatcher:
     def has_ready(self) -> bool:
         return self._results.has_ready()
 
+    def ready(self) -> list[CallResult]:
+        """The results ready to hand over, left ready."""
+        return self._results.peek()
+
+    @property
+    def sink(self) -> Callable[[list[CallResult]], object] | None:
+        """What every result that lands is also given (`CallResults.sink`)."""
+        return self._results.sink
+
+    @sink.setter
+    def sink(self, sink: Callable[[list[CallResult]], object] | None) -> None:
+        self._results.sink = sink
+
     def take_ready(self, max_bytes: int | None = None) -> list[CallResult]:
         """The ready results, in order; with ``max_bytes``, only the first ones whose payloads
         total at most that (and at least one): the rest stay ready for the next frame."""

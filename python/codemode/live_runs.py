@@ -18,10 +18,13 @@ each ended step is also one event of the host's trace (`policy.Trace`).
 from __future__ import annotations
 
 import functools
+import logging
+import math
+import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import catalog
 from .approvals import ApprovalRequest, call_number
@@ -31,12 +34,17 @@ from .model_surface import MODEL_VISIBLE_TOOLS
 from .outcomes import Completed, Failed, Output, Result, Telemetry, Waiting, cut_to_budget, failure_text, outputs_of
 from .outputs import OutputStore
 from .policy import Trace, TraceEvent
-from .runs import FOREIGN, UNAVAILABLE, Counts, Run, RunLookupError, RunTable, Scope, Step
+from .runs import FOREIGN, UNAVAILABLE, Counts, Run, RunLookupError, RunLost, RunTable, Scope, Step
 from .stored_values import StoredValues
 from .supervisor import Supervisor
 from .tools import CatalogView
 
+if TYPE_CHECKING:
+    from .shared_runs import SharedRuns
+
 __all__ = ["MAX_REASON_CHARS", "LiveRuns"]
+
+_log = logging.getLogger("codemode.live_runs")
 
 #: Characters of the reason a host gives when it rejects a call (it reaches the guest).
 MAX_REASON_CHARS = 1000
@@ -54,6 +62,7 @@ class LiveRuns:
         trace: Trace,
         stored: StoredValues,
         outputs: OutputStore,
+        shared: SharedRuns | None = None,
     ) -> None:
         self._config = config
         self._catalog = catalog
@@ -61,7 +70,13 @@ class LiveRuns:
         self._trace = trace
         self._stored = stored
         self._outputs = outputs
-        self._runs = RunTable(config.snapshot_ttl_seconds, per_session=config.max_suspended_runs_per_session)
+        #: The shared run store, if any (`codemode.shared_runs`): it holds the caps and the TTL
+        #: store-wide, and this table only the copies resident here.
+        self._shared = shared
+        if shared is None:
+            self._runs = RunTable(config.snapshot_ttl_seconds, per_session=config.max_suspended_runs_per_session)
+        else:
+            self._runs = RunTable(math.inf, limit=sys.maxsize, per_session=sys.maxsize)
         #: Every run not yet retired, by id: a host's approval may come while its run still
         #: executes, before it is filed as suspended.
         self._live: dict[str, Run] = {}
@@ -73,8 +88,38 @@ class LiveRuns:
 
     def claim(self, run_id: str, scope: Scope) -> Run:
         """The suspended run a `wait` resumes, marked resuming (`RunTable.claim`; a
-        ``RunLookupError`` in the spec's words if it cannot)."""
-        return self._runs.claim(run_id, scope)
+        ``RunLookupError`` in the spec's words if it cannot). With a shared run store, its lease
+        is taken there first, and a copy resident here is used only if it is current (else the
+        run is rebuilt here, replayed by this `wait`); ``RunLost`` if it cannot go on."""
+        shared = self._shared
+        if shared is None:
+            return self._runs.claim(run_id, scope)
+        if not isinstance(run_id, str):
+            raise RunLookupError(UNAVAILABLE)
+        self._start_sweeper()
+        local = self._runs.get(run_id)
+        try:
+            run = shared.claim(run_id, scope, local)
+        except RunLost:
+            if local is not None and self._runs.take_idle(local):
+                self._end_run(local)
+            raise
+        if run is local:
+            return self._runs.claim(run_id, scope)
+        if local is not None and self._runs.take_idle(local):
+            self._stale(local)
+        self._runs.hold(run)
+        self._live[run.run_id] = run
+        return run
+
+    def _stale(self, run: Run) -> None:
+        """A copy resident here that another host has resumed since: its runtime goes; its
+        calls running here go on (`SharedRuns.orphan`)."""
+        assert self._shared is not None
+        if self._live.get(run.run_id) is run:
+            del self._live[run.run_id]
+        self._supervisor.drop(run)
+        self._shared.orphan(run)
 
     def telemetry(self, started: float, step: Step | None, run: Run | None = None) -> Telemetry:
         view = run.dispatcher.view if run is not None else self._catalog()
@@ -126,6 +171,16 @@ class LiveRuns:
             if overrun is not None:
                 self.retire(run)
                 return Failed(error=overrun, code="snapshot_limit_exceeded", telemetry=telemetry, output=output)
+            if self._shared is not None:
+                try:
+                    refused = self._shared.suspend(run)
+                except CodemodeError as e:
+                    self.retire(run)
+                    message = f"code mode run store failed: {e}"
+                    return Failed(error=message, code="internal_error", telemetry=telemetry, output=output)
+                if refused is not None:
+                    self.retire(run)
+                    return Failed(error=refused, code="invalid_input", telemetry=telemetry, output=output)
             refused = self._runs.suspend(run)
             if refused is not None:
                 self.retire(run)
@@ -170,12 +225,28 @@ class LiveRuns:
         for run in self._runs.expired():
             self._end_run(run)
 
+    def _sweep_shared(self) -> None:
+        """Copies resident here whose run is over elsewhere (or expired) end; stale ones go."""
+        assert self._shared is not None
+        gone, stale = self._shared.sweep([run for run in self._runs.all() if not run.busy])
+        for run in gone:
+            if self._runs.take_idle(run):
+                run.aborted = True
+                self._end_run(run)
+        for run in stale:
+            if self._runs.take_idle(run):
+                self._stale(run)
+
     def _end_run(self, run: Run) -> None:
-        """Frees what a run out of the table still holds: its runtime, its tools, its approvals."""
-        self._live.pop(run.run_id, None)
+        """Frees what a run out of the table still holds: its runtime, its tools, its approvals
+        (and its row in a shared run store)."""
+        if self._live.get(run.run_id) is run:
+            del self._live[run.run_id]
         self._supervisor.drop(run)
         run.dispatcher.close()
         run.dispatcher.approvals.clear()
+        if self._shared is not None:
+            self._shared.forget(run)
 
     def _start_sweeper(self) -> None:
         """Expires suspended runs on time even when nobody calls (their tool tasks get cancelled)."""
@@ -186,6 +257,11 @@ class LiveRuns:
         def loop() -> None:
             while not self._sweep_stop.wait(interval):
                 self.sweep()
+                if self._shared is not None:
+                    try:
+                        self._sweep_shared()
+                    except CodemodeError:
+                        _log.exception("code mode: sweeping the shared run store failed (retrying)")
 
         self._sweeper = threading.Thread(target=loop, name="codemode-sweeper", daemon=True)
         self._sweeper.start()
@@ -217,7 +293,15 @@ class LiveRuns:
         return requests
 
     def cancel(self, scope: Scope, run_id: str) -> bool:
-        """`CodeMode.cancel`."""
+        """`CodeMode.cancel` (with a shared run store: wherever the run is resident)."""
+        if self._shared is not None:
+            if not isinstance(run_id, str) or not self._shared.cancel(run_id, scope):
+                return False
+            local = self._runs.get(run_id)
+            if local is not None and self._runs.take_idle(local):
+                local.aborted = True
+                self._end_run(local)
+            return True
         try:
             run = self._runs.abort(run_id, scope)
         except RunLookupError:
@@ -233,8 +317,11 @@ class LiveRuns:
     def close_session(self, scope: Scope) -> None:
         """`Session.close`: aborts every suspended run of ``scope`` and forgets the full texts of
         its session id's cut outputs (those of every agent run)."""
-        for run in self._runs.of_scope(scope):
-            self.cancel(scope, run.run_id)
+        run_ids = {run.run_id for run in self._runs.of_scope(scope)}
+        if self._shared is not None:
+            run_ids.update(self._shared.of_scope(scope))
+        for run_id in run_ids:
+            self.cancel(scope, run_id)
         self._outputs.drop(scope[0])
 
     def export(self, run_id: str) -> bytes:
@@ -251,3 +338,5 @@ class LiveRuns:
         for run in self._runs.drain():
             run.dispatcher.close()
         self._live.clear()
+        if self._shared is not None:
+            self._shared.close()

@@ -34,11 +34,12 @@ from .mcp_listing import McpListing
 from .namespaces import Namespaces
 from .outputs import OutputStore
 from .protocol import Configure, EngineLimits
-from .runs import Journal, Run, fixed_clock_start, new_run_id
+from .runs import Journal, Run, Scope, fixed_clock_start, new_run_id
 from .stored_values import StoredValues
 from .tools import BackgroundLoop, CatalogView
 
 if TYPE_CHECKING:
+    from .run_store import RunMeta
     from .session import Session
 
 __all__ = ["RunFactory"]
@@ -169,12 +170,43 @@ class RunFactory:
     def imported(self, data: bytes, session_id: str) -> tuple[Run, list[Redo]]:
         """A suspended run of ``session_id`` from a journal exported elsewhere (`CodeMode.import_run`),
         and its open calls to redo here; ``CodemodeError`` says why the bytes are refused."""
+        journal = self._checked_journal(data)
+        if not journal.restart_safe:
+            raise CodemodeError("only restartSafe runs can resume in another process")
+        run = self._resumed(new_run_id(), journal, (session_id, None))
+        run.timeout_ms = self._config.timeout_ms
+        journal.session_id, journal.agent_run = session_id, None
+        settled = journal.settled_ids()
+        redo = [
+            (c.id, c.tool, journal.open_inputs[c.id])
+            for c in journal.calls
+            if c.id not in settled and c.id in journal.open_inputs
+        ]
+        return run, redo
+
+    def rebuilt(self, run_id: str, meta: RunMeta, data: bytes) -> Run:
+        """A run another process suspended in the shared run store (`codemode.shared_runs`), to be
+        replayed here; ``CodemodeError`` says why it cannot be (another engine or catalog)."""
+        journal = self._checked_journal(data)
+        run = self._resumed(run_id, journal, (meta.session_id, meta.agent_run))
+        run.timeout_ms = meta.timeout_ms
+        run.output_chars = meta.output_chars
+        if meta.branch is not None:
+            run.store_key = (meta.session_id, meta.branch)
+        run.counts.tool_calls, run.counts.searches, run.counts.describes = (
+            meta.tool_calls,
+            meta.searches,
+            meta.describes,
+        )
+        return run
+
+    def _checked_journal(self, data: bytes) -> Journal:
+        """A journal from bytes written elsewhere, with this ``CodeMode``'s limits; ``CodemodeError``
+        if it is malformed, of another engine or catalog, or out of bounds."""
         try:
             journal = Journal.decode(data)
         except (msgspec.DecodeError, RecursionError, MemoryError) as e:
             raise CodemodeError(f"not a code mode journal: {e}") from None
-        if not journal.restart_safe:
-            raise CodemodeError("only restartSafe runs can resume in another process")
         if journal.prelude_hash != _engine.PRELUDE_HASH:
             raise CodemodeError("this journal was written by a different code mode engine")
         configure, view = self.configuration()
@@ -184,26 +216,30 @@ class RunFactory:
         if problem is not None:
             raise CodemodeError(f"refused journal: {problem}")
         journal.limits = configure.limits
-        run_id = new_run_id()
-        _, namespace_calls = self._namespaces.build(view.tools, session_id=session_id, agent_run=None, run_id=run_id)
+        return journal
+
+    def _resumed(self, run_id: str, journal: Journal, scope: Scope) -> Run:
+        """A suspended run of ``scope`` around a checked journal: its dispatcher, approvals and
+        yields as the journal has them; it is replayed by its next ``wait``."""
+        session_id, agent_run = scope
+        _, view = self.configuration()
+        _, namespace_calls = self._namespaces.build(
+            view.tools, session_id=session_id, agent_run=agent_run, run_id=run_id
+        )
         dispatcher = Dispatcher(
             view,
             self._loop.get,
             outputs=self._outputs,
             session_id=session_id,
             gate=self._gate,
-            read_only=True,
+            read_only=journal.restart_safe,
             namespace_calls=namespace_calls,
+            mcp_ops=self._mcp.op if self._mcp.servers is not None else None,
+            approvals=Approvals(journal.approvals),
             run_id=run_id,
+            agent_run=agent_run,
         )
-        run = Run((session_id, None), journal, dispatcher, run_id)
-        run.timeout_ms = self._config.timeout_ms
-        journal.session_id, journal.agent_run = session_id, None
+        run = Run(scope, journal, dispatcher, run_id)
         settled = journal.settled_ids()
-        redo = [
-            (c.id, c.tool, journal.open_inputs[c.id])
-            for c in journal.calls
-            if c.id not in settled and c.id in journal.open_inputs
-        ]
         run.yields.extend(c.id for c in journal.calls if c.id not in settled and c.tool == _engine.YIELD_TOOL)
-        return run, redo
+        return run

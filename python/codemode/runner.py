@@ -36,7 +36,7 @@ from .outcomes import Failed, Result
 from .policy import ToolCallEvent
 from .protocol import Configure
 from .run_factory import RunFactory
-from .runs import Run, RunLookupError, Scope, Step
+from .runs import Run, RunLookupError, RunLost, Scope, Step
 from .supervisor import Supervisor
 from .tools import BackgroundLoop
 
@@ -225,6 +225,8 @@ class Runner:
             run = self._live.claim(run_id, session.scope)
         except RunLookupError as e:
             return self._invalid(started, str(e))
+        except RunLost as e:
+            return Failed(error=str(e), code="internal_error", telemetry=self._live.telemetry(started, None))
         try:
             run.dispatcher.parent = self._factory.next_parent("wait")
             run.dispatcher.span = tracing.run_span(run_id)

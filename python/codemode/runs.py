@@ -36,6 +36,7 @@ __all__ = [
     "Phase",
     "Run",
     "RunLookupError",
+    "RunLost",
     "RunTable",
     "Scope",
     "Step",
@@ -233,6 +234,8 @@ class Run:
         "starting",
         "step",
         "store_key",
+        "stored_calls",
+        "stored_version",
         "timeout_ms",
         "waiter",
         "yields",
@@ -293,6 +296,10 @@ class Run:
         #: ``(session id, branch)`` whose store a completed run commits to.
         self.store_key: tuple[str, str] | None = None
         self.timeout_ms = 10_000
+        #: In a shared run store (`codemode.shared_runs`): the suspensions filed (0: not there),
+        #: and its calls that have a row there, with the host that runs each.
+        self.stored_version = 0
+        self.stored_calls: dict[int, str] = {}
 
     def snapshot_overrun(self, limit: int) -> str | None:
         """Why this run may not stay suspended under ``maxSnapshotBytes`` (its resident runtime
@@ -341,6 +348,10 @@ class RunLookupError(Exception):
     """A ``wait`` that cannot resume: unknown, expired, foreign or busy (message per spec)."""
 
 
+class RunLost(Exception):
+    """A ``wait`` found that its run cannot go on: results it needs died with another host."""
+
+
 class RunTable:
     """In-memory suspended runs of one ``CodeMode``: bounded in all and per session, expiring,
     scoped to ``(session, agent run)``."""
@@ -381,6 +392,24 @@ class RunTable:
             run.expires_at = time.monotonic() + self._ttl
             self._runs[run.run_id] = run
             return None
+
+    def get(self, run_id: str) -> Run | None:
+        with self._lock:
+            return self._runs.get(run_id)
+
+    def hold(self, run: Run) -> None:
+        """Files a run as resuming (one rebuilt here for a `wait`: no caps, the store holds them)."""
+        with self._lock:
+            run.busy = True
+            self._runs[run.run_id] = run
+
+    def take_idle(self, run: Run) -> bool:
+        """Takes ``run`` out of the table if it is there and no `wait` is resuming it."""
+        with self._lock:
+            if self._runs.get(run.run_id) is not run or run.busy:
+                return False
+            del self._runs[run.run_id]
+            return True
 
     def claim(self, run_id: Any, scope: Scope) -> Run:
         """Marks a run as resuming; raises ``RunLookupError`` with the spec's message."""

@@ -43,7 +43,8 @@ from .policy import Approver, Hook, Policy, Trace
 from .results import ExecResult
 from .run_factory import RunFactory
 from .runner import Runner
-from .runs import Scope
+from .runs import MAX_SUSPENDED_RUNS, Scope
+from .shared_runs import SharedRuns
 from .store import Store
 from .stored_values import StoredValues
 from .supervisor import Supervisor
@@ -74,6 +75,10 @@ class CodeMode:
     an approval: the callback's, or with none, the host's ``Session.approve``. Close the
     ``CodeMode`` when done (``with``/``async with``).
 
+    ``store`` is where cells' ``store``/``load`` values live; ``runs`` (a SQLite path or a
+    ``postgresql://`` URL) is a run store shared by host processes: a run suspended in one can
+    be resumed by a ``wait`` in any (`codemode.shared_runs`).
+
     With ``opentelemetry-api`` installed, each ``exec``/``wait`` is a span and each of its tool
     calls a child span (`codemode.tracing`), from ``tracer_provider`` or the global provider.
     """
@@ -88,6 +93,7 @@ class CodeMode:
         approve: Approver | None = None,
         require_approval: Iterable[str] = (),
         store: Store | str | os.PathLike[str] | None = None,
+        runs: str | os.PathLike[str] | None = None,
         tracer_provider: TracerProvider | None = None,
     ) -> None:
         self.config = load_config(config)
@@ -123,10 +129,6 @@ class CodeMode:
         self._output_store = OutputStore(
             self.config.output_store_bytes, self.config.output_store_total_bytes, self.config.output_store_ttl_seconds
         )
-        #: The runs not yet over and the table of suspended ones (`codemode.live_runs`).
-        self._live = LiveRuns(
-            self.config, self.catalog, self._supervisor, self._trace, self._stored, self._output_store
-        )
         factory = RunFactory(
             self.config,
             self.catalog,
@@ -137,6 +139,26 @@ class CodeMode:
             self._mcp,
             self._loop,
             call_ids,
+        )
+        shared = None
+        if runs is not None:
+            try:
+                #: Suspended runs any process on this store can resume (`codemode.shared_runs`).
+                shared = SharedRuns(
+                    runs,
+                    self._supervisor,
+                    factory.rebuilt,
+                    ttl_s=self.config.snapshot_ttl_seconds,
+                    limit=MAX_SUSPENDED_RUNS,
+                    per_session=self.config.max_suspended_runs_per_session,
+                )
+            except BaseException:
+                self._supervisor.close()
+                self._stored.close()
+                raise
+        #: The runs not yet over and the table of suspended ones (`codemode.live_runs`).
+        self._live = LiveRuns(
+            self.config, self.catalog, self._supervisor, self._trace, self._stored, self._output_store, shared
         )
         #: The run lifecycle of ``exec`` and ``wait`` (`codemode.runner`); sessions run their cells
         #: through it.

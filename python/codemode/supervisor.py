@@ -52,7 +52,7 @@ from .loop_reading import LoopReading
 from .protocol import CallResult, Configure
 from .readers import LoopReader, Readers, Waiter
 from .reports import ReportRouter
-from .runs import Phase, Run, Step
+from .runs import Failure, Phase, Run, Step
 from .tool_starts import SYNC_TOOL_THREADS, ToolStarter
 from .waiting import Waiting
 
@@ -176,8 +176,9 @@ class Supervisor:
         run_all(out)
         return ready
 
-    def drop(self, run: Run) -> None:
-        """Frees a run's runtime wherever it is (cancel, expiry, snapshot limit, a caller gone)."""
+    def drop(self, run: Run, failure: Failure | None = None) -> None:
+        """Frees a run's runtime wherever it is (cancel, expiry, snapshot limit, a caller gone);
+        a step in progress ends with ``failure`` (by default: the run was dropped)."""
         if run.phase is Phase.ENDED and run.waiter is None:
             run.aborted = True  # ended is final: nothing else can hold it (most runs end here)
             return
@@ -199,7 +200,9 @@ class Supervisor:
                 run.phase = Phase.ENDED
             if waiter is not None:
                 fleet.waited.discard(run)
-                waiter.step = Step(failure=failed("internal_error", "CancelledError", "code mode run was dropped"))
+                waiter.step = Step(
+                    failure=failure or failed("internal_error", "CancelledError", "code mode run was dropped")
+                )
                 out.append(waiter.wake)
         run_all(out)
 

@@ -63,9 +63,14 @@ class ToolStarter:
                 if run.waiter is not None:
                     out.append(run.waiter.poke)
             elif run.waiter is None and (
-                run.lane is None or run.yields or run.held or run.journal.restart_safe or run.step.ended
+                run.lane is None
+                or run.yields
+                or run.held
+                or run.journal.restart_safe
+                or run.stored_version
+                or run.step.ended
             ):
-                return  # suspended: the next `wait` delivers it
+                return  # suspended: the next `wait` delivers it (in a shared store, wherever it lands)
             else:
                 fleet.frames.enqueue(run, "settle" if run.lane is not None else "replay", out)
         run_all(out)
