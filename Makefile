@@ -20,7 +20,7 @@ MATURIN := $(VENV)/bin/maturin
 
 DEV_DEPS := maturin msgspec fastjsonschema 'mcp>=2.3,<3' 'psycopg[binary]>=3.1' 'wordllama>=0.4,<0.5' 'openai>=3.57,<4' \
   'openai-agents>=0.24,<0.25' 'pydantic-ai-slim>=2.68,<3' 'langchain-core>=1.8,<2' 'anthropic>=2.16,<3' \
-  'opentelemetry-api>=1.20' 'opentelemetry-sdk>=1.20' pytest pytest-timeout pytest-benchmark hypothesis ruff mypy
+  'opentelemetry-api>=1.20' 'opentelemetry-sdk>=1.20' 'ray>=2.50,<3' pytest pytest-timeout pytest-benchmark hypothesis ruff mypy
 
 DEPS_STAMP := $(VENV)/.deps-stamp
 BUILD_STAMP := $(VENV)/.build-stamp
@@ -131,6 +131,9 @@ bench-peers: build ## The same cells in codemode, mini-racer, quickjs, pydantic-
 	@test -d benches/peers/node/node_modules \
 	  || { echo ">> npm ci in benches/peers/node"; cd benches/peers/node && npm ci --no-audit --no-fund; }
 	$(VPY) benches/peers/run.py --write README.md
+
+bench-scale: build ## Workers as Ray actors against local workers: CPU-bound throughput by worker count, cell and tool-call latency; rewrite README's scale table
+	$(VPY) benches/scale_out.py --write README.md
 
 soak: build ## Load and fault test: concurrent sessions, hostile cells, waits, random worker SIGKILLs (SOAK_SECONDS, default 60)
 	$(VPY) tools/soak.py --seconds $${SOAK_SECONDS:-60}

@@ -9,6 +9,7 @@ import time
 
 import pytest
 from codemode import CodeMode
+from mcp_servers import wait_until
 
 TIMEOUT_MS = 300
 MEMORY_LIMIT = 16 << 20
@@ -482,6 +483,36 @@ def test_workers_that_cannot_start_fail_each_run_with_runtime_unavailable(monkey
             assert "could not start a worker process" in result["error"]
         monkeypatch.undo()
         assert session.exec({"code": "return 3"})["value"] == 3
+
+
+@pytest.mark.parametrize(
+    ("script", "why"),
+    [("exec sleep 30", "did not start in time"), ("exit 3", "exited")],
+    ids=["never_ready", "exits_at_once"],
+)
+def test_workers_that_die_before_they_are_ready_fail_a_run_after_three_not_loop(
+    monkeypatch, tmp_path, script, why
+) -> None:
+    """A worker binary that starts but never says it is ready (or dies at once) is replaced, and
+    the run waiting for it fails after three, rather than waiting on replacements for ever."""
+    from codemode import placement, workers
+
+    with CodeMode({"workers": 1, "timeoutMs": 1000}) as cm:
+        session = cm.session("s")
+        assert session.exec({"code": "return 1"})["value"] == 1
+        broken = tmp_path / "worker"
+        broken.write_text(f"#!/bin/sh\n{script}\n")
+        broken.chmod(0o755)
+        monkeypatch.setattr(workers, "WORKER_BINARY", broken)
+        monkeypatch.setattr(placement.LocalPlacement, "spawn_timeout_s", 0.3)
+        for pid in cm.inspect().worker_pids:
+            os.kill(pid, signal.SIGKILL)
+        result = session.exec({"code": "return 2"})
+        assert (result["status"], result["code"]) == ("failed", "runtime_unavailable"), result
+        assert result["error"].startswith("code mode runtime is unavailable: 3 workers died before they answered: ")
+        assert why in result["error"]
+        monkeypatch.undo()
+        wait_until(lambda: session.exec({"code": "return 3"}).get("value") == 3, "a real worker again")
 
 
 @pytest.mark.parametrize(

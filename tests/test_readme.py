@@ -36,6 +36,8 @@ def test_readme_usage_example_runs_as_written():
         "### Defining tools",
         "### Batches",
         "### Observability",
+        "### A run store shared by host processes",
+        "### Workers on a Ray cluster",
     ],
 )
 def test_readme_section_example_runs_as_written(heading: str):

@@ -26,7 +26,6 @@ import pytest
 from codemode import CodeMode
 from codemode.run_store import HOST_TTL_S, RunStore
 from codemode.runs import BUSY, FOREIGN, TOO_MANY, TOO_MANY_IN_SESSION, UNAVAILABLE
-
 from mcp_servers import wait_until
 
 HOST = Path(__file__).with_name("run_store_host.py")
@@ -129,7 +128,9 @@ def test_a_run_suspended_in_one_process_completes_in_another(hosts: Callable[...
 
 def test_resuming_hops_between_processes_and_each_call_runs_once(hosts: Callable[..., Host], log: Path) -> None:
     a, b = hosts(), hosts()
-    code = "const out = []; for (let i = 0; i < 4; i++) out.push(await tools.slow({tag: `h-${i}`, ms: 200})); return out"
+    code = (
+        "const out = []; for (let i = 0; i < 4; i++) out.push(await tools.slow({tag: `h-${i}`, ms: 200})); return out"
+    )
     run_id = a.call("exec", code=code)["runId"]
     result: dict[str, Any] = {"status": "waiting"}
     turns = 0
@@ -144,7 +145,10 @@ def test_resuming_hops_between_processes_and_each_call_runs_once(hosts: Callable
 
 #: A cell that suspends at once (on its yield), so that the ``wait`` after it holds the run for as
 #: long as its tool takes, within the host's 5 s ``timeoutMs``.
-HELD = "await yield_control('go'); const x = await tools.slow({tag: 'k-1', ms: 100}); return await tools.slow({tag: 'k-2', ms: 3000})"
+HELD = (
+    "await yield_control('go'); const x = await tools.slow({tag: 'k-1', ms: 100}); "
+    "return await tools.slow({tag: 'k-2', ms: 3000})"
+)
 
 
 def wait_out_the_lease(host: Host, run_id: str) -> dict[str, Any]:
@@ -219,7 +223,9 @@ def test_a_call_whose_process_was_killed_is_lost_and_the_run_says_so(hosts: Call
     assert ran(log) == {}
 
 
-def test_a_restart_safe_run_redoes_the_read_only_call_of_a_killed_process(hosts: Callable[..., Host], log: Path) -> None:
+def test_a_restart_safe_run_redoes_the_read_only_call_of_a_killed_process(
+    hosts: Callable[..., Host], log: Path
+) -> None:
     a, b = hosts(), hosts()
     run_id = a.call("exec", code="return await tools.slow({tag: 'rs', ms: 4000})", restartSafe=True)["runId"]
     a.kill()
@@ -237,7 +243,9 @@ def test_a_process_with_another_catalog_refuses_the_run_and_leaves_it(hosts: Cal
     assert resume_until_over(a, run_id)["status"] == "completed"  # the lease was freed
 
 
-def test_two_processes_racing_waits_on_twenty_runs_lose_and_double_nothing(hosts: Callable[..., Host], log: Path) -> None:
+def test_two_processes_racing_waits_on_twenty_runs_lose_and_double_nothing(
+    hosts: Callable[..., Host], log: Path
+) -> None:
     a, b = hosts(), hosts()
     runs = [
         [(a if i < 10 else b).call("exec", code=two_calls(f"race{i}"), session=f"s{i}")["runId"], f"s{i}"]
@@ -318,7 +326,9 @@ def test_a_yield_answered_in_another_process(pair: Callable[..., tuple[CodeMode,
     assert result["status"] == "completed" and result["value"] == "hi ada"
 
 
-def test_cancel_in_one_process_ends_the_copy_resident_in_another(pair: Callable[..., tuple[CodeMode, CodeMode]]) -> None:
+def test_cancel_in_one_process_ends_the_copy_resident_in_another(
+    pair: Callable[..., tuple[CodeMode, CodeMode]],
+) -> None:
     a, b = pair()
     run_id = a.session("s").exec({"code": "await yield_control('q'); return 1"})["runId"]
     assert [r.run_id for r in a.inspect().suspended_runs] == [run_id]
@@ -328,7 +338,9 @@ def test_cancel_in_one_process_ends_the_copy_resident_in_another(pair: Callable[
     assert b.session("s").cancel(run_id) is False
 
 
-def test_the_same_process_resumes_its_resident_copy_without_a_replay(pair: Callable[..., tuple[CodeMode, CodeMode]]) -> None:
+def test_the_same_process_resumes_its_resident_copy_without_a_replay(
+    pair: Callable[..., tuple[CodeMode, CodeMode]],
+) -> None:
     a, _ = pair()
     session = a.session("s")
     code = "globalThis.n = (globalThis.n || 0) + 1; const v = await yield_control('q'); return [v, globalThis.n]"

@@ -158,7 +158,7 @@ class PostgresDatabase(Database):
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK_ID,))
                 for statement in schema:
-                    conn.execute(statement.format(blob=self.blob, real=self.real))  # type: ignore[arg-type]
+                    conn.execute(statement.format(blob=self.blob, real=self.real))
         except psycopg.Error as exc:
             conn.close()
             raise StoreError(f"cannot create the PostgreSQL {what} tables: {exc}") from exc

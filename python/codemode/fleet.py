@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from . import workers
 from .errors import WorkerCrashed
 from .protocol import Drop, utf8_len
 from .runs import Failure, Phase, Run, Step
@@ -33,6 +32,7 @@ from .workers import WORKER_MEMORY_SLACK, Inflight, Lane
 if TYPE_CHECKING:
     from .frames import FrameQueue
     from .loop_reading import LoopReading
+    from .placement import Placement
     from .readers import Readers
     from .reports import ReportRouter
     from .tool_starts import ToolStarter
@@ -41,8 +41,6 @@ __all__ = ["KILL_GRACE_S", "READ_TICK_S", "RUNS_PER_WORKER", "Fleet", "Out", "fa
 
 #: How long past the deadline a worker may take to report before it is killed.
 KILL_GRACE_S = 0.25
-#: How long a new worker may take to say it is ready.
-SPAWN_TIMEOUT_S = 10.0
 #: Cells a worker starts before it is replaced (once the runs it holds have ended).
 RUNS_PER_WORKER = 50_000
 #: The longest a reader sleeps between looks at its worker's kill deadline.
@@ -107,8 +105,11 @@ class Fleet:
         max_worker_memory: int,
         max_snapshot_bytes: int,
         max_journal_bytes: int,
+        placement: Placement,
     ) -> None:
         self.size = max(1, size)
+        #: Where workers run (`codemode.placement`): subprocesses here, or Ray actors.
+        self.placement = placement
         self.max_runs = max_runs_per_worker
         self.max_memory = max_worker_memory
         self.max_snapshot = max_snapshot_bytes
@@ -133,12 +134,12 @@ class Fleet:
         """Under the lock: a new worker and its lane (with its reader thread); None if it could
         not be started (why is kept for the runs that find no worker)."""
         try:
-            worker = workers.WorkerProcess(self.max_memory + WORKER_MEMORY_SLACK)
-        except OSError as e:
+            worker = self.placement.start(self.max_memory + WORKER_MEMORY_SLACK)
+        except Exception as e:  # (OSError here; whatever a remote placement's client raises)
             self._spawn_error = f"could not start a worker process: {e}"
             return None
         self.spawned += 1
-        lane = Lane(worker, self.lock, time.monotonic() + SPAWN_TIMEOUT_S)
+        lane = Lane(worker, self.lock, time.monotonic() + self.placement.spawn_timeout_s)
         self.lanes.append(lane)
         lane.thread = threading.Thread(
             target=self.readers.reader_thread, args=(lane,), name="codemode-reader", daemon=True
@@ -249,7 +250,6 @@ class Fleet:
         lane.attached.clear()
         lane.queue.clear()
         lane.memory = 0
-        enqueue = self.frames.enqueue
         for run in runs:
             run.lane = None
             run.memory_bytes = 0
@@ -259,11 +259,22 @@ class Fleet:
                 assert inflight is not None
                 self._blame(run, inflight, error, timed_out, out)
             elif (run.phase is Phase.QUEUED and run.next_frame == "start") or behind.get(run) == "start":
-                enqueue(run, "start", out)  # it never ran: it starts elsewhere
+                self._elsewhere(run, "start", error, out)  # it never ran: it starts elsewhere
             elif run.waiter is not None:
-                enqueue(run, "replay", out)
+                self._elsewhere(run, "replay", error, out)
             else:
                 run.phase = Phase.PARKED  # suspended: its next `wait` replays it
+
+    def _elsewhere(self, run: Run, kind: str, error: Exception, out: Out) -> None:
+        """Under the lock: a run of a dead worker that was not its culprit goes on on another,
+        unless it has been given `MAX_PLACEMENTS` workers that all died before it got an answer
+        (workers that never come up: a worker binary that cannot start, an actor the cluster
+        cannot place), when it fails rather than wait for ever."""
+        if run.placements < MAX_PLACEMENTS:
+            self.frames.enqueue(run, kind, out)
+            return
+        message = f"code mode runtime is unavailable: {MAX_PLACEMENTS} workers died before they answered: {error}"
+        self.end(run, "failed", out, failure=failed("runtime_unavailable", "WorkerUnavailable", message))
 
     def _blame(self, run: Run, inflight: Inflight, error: Exception, timed_out_: bool, out: Out) -> None:
         """Under the lock: the run whose frame the dead worker was executing."""

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MAX_REASON_CHARS", "LiveRuns"]
 
-_log = logging.getLogger("codemode.live_runs")
+_log = logging.getLogger(__name__)
 
 #: Characters of the reason a host gives when it rejects a call (it reaches the guest).
 MAX_REASON_CHARS = 1000

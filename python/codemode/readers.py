@@ -280,7 +280,8 @@ class Readers:
             if error is not None:
                 fleet.lane_died(lane, error, out, timed_out=timed_out)
             elif lane.inflight is not None and _overdue(lane.inflight, spoke):
-                error = worker.crashed(f"worker {worker.pid} overran its deadline", timed_out=True)
+                late = "did not start in time" if lane.inflight.kind == "ready" else "overran its deadline"
+                error = worker.crashed(f"worker {worker.pid} {late}", timed_out=True)
                 fleet.lane_died(lane, error, out, timed_out=True)
         run_all(out)
 

@@ -170,9 +170,7 @@ class RunFactory:
     def imported(self, data: bytes, session_id: str) -> tuple[Run, list[Redo]]:
         """A suspended run of ``session_id`` from a journal exported elsewhere (`CodeMode.import_run`),
         and its open calls to redo here; ``CodemodeError`` says why the bytes are refused."""
-        journal = self._checked_journal(data)
-        if not journal.restart_safe:
-            raise CodemodeError("only restartSafe runs can resume in another process")
+        journal = self._checked_journal(data, restart_safe=True)
         run = self._resumed(new_run_id(), journal, (session_id, None))
         run.timeout_ms = self._config.timeout_ms
         journal.session_id, journal.agent_run = session_id, None
@@ -200,13 +198,16 @@ class RunFactory:
         )
         return run
 
-    def _checked_journal(self, data: bytes) -> Journal:
+    def _checked_journal(self, data: bytes, *, restart_safe: bool = False) -> Journal:
         """A journal from bytes written elsewhere, with this ``CodeMode``'s limits; ``CodemodeError``
-        if it is malformed, of another engine or catalog, or out of bounds."""
+        if it is malformed, not restart-safe when ``restart_safe`` asks it to be, of another engine
+        or catalog, or out of bounds."""
         try:
             journal = Journal.decode(data)
         except (msgspec.DecodeError, RecursionError, MemoryError) as e:
             raise CodemodeError(f"not a code mode journal: {e}") from None
+        if restart_safe and not journal.restart_safe:
+            raise CodemodeError("only restartSafe runs can resume in another process")
         if journal.prelude_hash != _engine.PRELUDE_HASH:
             raise CodemodeError("this journal was written by a different code mode engine")
         configure, view = self.configuration()

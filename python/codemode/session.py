@@ -39,6 +39,7 @@ from .model_surface import MODEL_VISIBLE_TOOLS, ModelSurface
 from .namespaces import NamespaceRegistration, Namespaces
 from .outcomes import Completed, Failed, JsonOutput, Result, Telemetry, TextOutput, Waiting, as_json
 from .outputs import OutputStore
+from .placement import Placement, placement_of
 from .policy import Approver, Hook, Policy, Trace
 from .results import ExecResult
 from .run_factory import RunFactory
@@ -77,7 +78,9 @@ class CodeMode:
 
     ``store`` is where cells' ``store``/``load`` values live; ``runs`` (a SQLite path or a
     ``postgresql://`` URL) is a run store shared by host processes: a run suspended in one can
-    be resumed by a ``wait`` in any (`codemode.shared_runs`).
+    be resumed by a ``wait`` in any (`codemode.shared_runs`). ``placement`` is where worker
+    processes run: here (``"local"``, the default), as actors on a Ray cluster (``"ray"``, or a
+    `codemode.ray_placement.RayPlacement` for an address and actor options), or any `Placement`.
 
     With ``opentelemetry-api`` installed, each ``exec``/``wait`` is a span and each of its tool
     calls a child span (`codemode.tracing`), from ``tracer_provider`` or the global provider.
@@ -94,6 +97,7 @@ class CodeMode:
         require_approval: Iterable[str] = (),
         store: Store | str | os.PathLike[str] | None = None,
         runs: str | os.PathLike[str] | None = None,
+        placement: Placement | Literal["local", "ray"] | None = None,
         tracer_provider: TracerProvider | None = None,
     ) -> None:
         self.config = load_config(config)
@@ -107,6 +111,7 @@ class CodeMode:
         size = self.config.workers or min(4, os.cpu_count() or 1)
         self._supervisor = Supervisor(
             size,
+            placement=placement_of(placement),
             max_runs_per_worker=self.config.max_runs_per_worker,
             max_worker_memory=self.config.max_worker_memory_bytes,
             max_snapshot_bytes=self.config.max_snapshot_bytes,

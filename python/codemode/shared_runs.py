@@ -38,7 +38,7 @@ from .supervisor import Supervisor
 
 __all__ = ["WATCH_POLL_S", "SharedRuns"]
 
-_log = logging.getLogger("codemode.shared_runs")
+_log = logging.getLogger(__name__)
 
 #: How often the watcher looks for results of calls other hosts run.
 WATCH_POLL_S = 0.02
@@ -203,35 +203,28 @@ class SharedRuns:
     def _take_calls(self, run: Run, rows: list[CallRow], rebuilt: bool) -> None:
         """Delivers what the call rows hold, watches calls other hosts still run, and redoes
         (restart-safe) or gives up on (``RunLost``) calls whose host stopped."""
-        open_calls = _open_calls(run)
         by_id = {row.call_id: row for row in rows}
         run.stored_calls.update((row.call_id, row.owner) for row in rows)
         watch: dict[int, str] = {}
         redo: list[tuple[int, str, str]] = []
         found: list[CallResult] = []
-        for call_id, tool in open_calls.items():
+        for call_id, tool in _open_calls(run).items():
             row = by_id.get(call_id)
-            if row is None:
-                if not rebuilt:
-                    continue  # this copy's own (not yet started: it waits for approval)
-                row = CallRow(call_id, "", None, False)
-            if row.owner == self.host_id and not rebuilt:
-                continue  # this copy runs it: its result lands here
-            if row.result is not None:
-                if rebuilt:
-                    found.append(row.result)
-            elif row.alive:
-                if rebuilt or row.owner != self.host_id:
-                    watch[call_id] = tool
-            elif run.journal.restart_safe and call_id in run.journal.open_inputs:
+            action = self._action(run, call_id, row, rebuilt)
+            if action == "found" and row is not None and row.result is not None:
+                found.append(row.result)
+            elif action == "watch":
+                watch[call_id] = tool
+            elif action == "redo":
                 redo.append((call_id, tool, run.journal.open_inputs[call_id]))
-            else:
+            elif action == "lost":
                 raise RunLost(_lost(call_id, tool))
         if found:
             run.dispatcher.add_ready(found)
-        with self._lock:
-            if watch:
+        if watch:
+            with self._lock:
                 self._watched.setdefault(run.run_id, (run, {}))[1].update(watch)
+            self._wake.set()
         for call_id, _, _ in redo:
             self._store.adopt(run.run_id, call_id)
             run.stored_calls[call_id] = self.host_id
@@ -239,8 +232,26 @@ class SharedRuns:
             inline = run.dispatcher.submit(redo)
             if inline is not None:
                 inline()
-        if watch:
-            self._wake.set()
+
+    def _action(self, run: Run, call_id: int, row: CallRow | None, rebuilt: bool) -> str:
+        """What a claim does about one open call: ``skip`` (this copy runs it, or it waits for
+        an approval here), ``found`` (its result is in its row), ``watch`` (another host, or an
+        orphan here, still runs it), ``redo`` (its host stopped; the run is restart-safe) or
+        ``lost``."""
+        if row is None:
+            if not rebuilt:
+                return "skip"
+            row = CallRow(call_id, "", None, False)  # (never filed: not started anywhere)
+        mine = row.owner == self.host_id
+        if mine and not rebuilt:
+            return "skip"
+        if row.result is not None:
+            return "found" if rebuilt else "skip"  # (a copy resident here has it from the watcher)
+        if row.alive:
+            return "watch"
+        if run.journal.restart_safe and call_id in run.journal.open_inputs:
+            return "redo"
+        return "lost"
 
     def _release(self, run_id: str) -> None:
         try:

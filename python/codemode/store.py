@@ -141,7 +141,7 @@ class _DatabaseStore:
 
     def snapshot(self, session_id: str, branch: str) -> dict[str, str]:
         with self._db.transaction() as tx:
-            return dict(tx.rows(_SELECT, (session_id, branch)))  # type: ignore[arg-type]
+            return dict(tx.rows(_SELECT, (session_id, branch)))
 
     def commit(self, session_id: str, branch: str, writes: Mapping[str, str | None]) -> None:
         _check_writes(writes)

@@ -49,6 +49,7 @@ from .errors import ClosedError
 from .fleet import KILL_GRACE_S, Fleet, Out, failed, run_all, send_drop
 from .frames import FrameQueue
 from .loop_reading import LoopReading
+from .placement import LocalPlacement, Placement
 from .protocol import CallResult, Configure
 from .readers import LoopReader, Readers, Waiter
 from .reports import ReportRouter
@@ -74,13 +75,16 @@ class Supervisor:
         max_worker_memory: int = 2 << 30,
         max_snapshot_bytes: int = 10 << 20,
         max_journal_bytes: int = 16 << 20,
+        placement: Placement | None = None,
     ) -> None:
+        self._placement = placement or LocalPlacement()
         fleet = self._fleet = Fleet(
             size,
             max_runs_per_worker=max_runs_per_worker,
             max_worker_memory=max_worker_memory,
             max_snapshot_bytes=max_snapshot_bytes,
             max_journal_bytes=max_journal_bytes,
+            placement=self._placement,
         )
         fleet.readers = Readers(fleet)
         fleet.loop_reading = LoopReading(fleet)
@@ -255,6 +259,7 @@ class Supervisor:
                 fleet.end(run, "failed", out, failure=closed)
         run_all(out)
         fleet.tool_starts.close()
+        self._placement.close()
 
     @property
     def size(self) -> int:

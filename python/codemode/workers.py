@@ -28,7 +28,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import msgspec
 
@@ -38,7 +38,7 @@ from .errors import ProtocolError, WorkerCrashed
 if TYPE_CHECKING:
     from .runs import Run
 
-__all__ = ["Inflight", "Lane", "WorkerProcess"]
+__all__ = ["FrameSource", "Inflight", "Lane", "Worker", "WorkerProcess"]
 
 #: RLIMIT_DATA (the memory a worker may write) on top of what its resident runtimes may hold
 #: together: QuickJS heaps are capped by their own allocator; this bounds the rest (arena images,
@@ -53,8 +53,80 @@ WORKER_CPU_SECONDS = 3600
 WORKER_BINARY = Path(__file__).with_name("codemode-worker")
 
 
-class WorkerProcess:
-    """One worker subprocess and the framing on its pipes."""
+class FrameSource:
+    """The reading side of a worker: whole frames from the file descriptor ``rfd`` (a worker's
+    stdout, or a relay's pipe), decoded against the protocol union and size-capped."""
+
+    def __init__(self, rfd: int) -> None:
+        self.rfd = rfd
+        self.reader = protocol.FrameReader(rfd)
+        self._poller = select.poll()
+        self._poller.register(rfd, select.POLLIN)
+        #: A malformed frame read after good ones (raised by the next `receive`).
+        self._bad: ProtocolError | None = None
+        #: Killed because it stopped reading before a write's deadline (its culprit timed out).
+        self.overdue = False
+
+    @property
+    def pid(self) -> int:
+        raise NotImplementedError
+
+    def readable(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` for the worker to write (or exit); at once if `receive`
+        has an error to raise."""
+        return self._bad is not None or bool(self._poller.poll(max(0.0, timeout_s) * 1000.0))
+
+    def receive(self) -> list[protocol.WorkerFrame] | None:
+        """Reads what the worker wrote: the whole frames it completes (maybe none); None at the
+        end of the pipe. A frame that is not one of ours is a ``ProtocolError``, raised once the
+        frames before it have been returned."""
+        if self._bad is not None:
+            raise self._bad
+        if not self.reader.fill():
+            return None
+        frames = []
+        while (body := self.reader.poll()) is not None:
+            try:
+                frames.append(protocol.worker_decoder.decode(body))
+            except msgspec.DecodeError as e:
+                self._bad = ProtocolError(f"worker {self.pid} sent a malformed frame: {e}")
+                if not frames:
+                    raise self._bad from None
+                break
+        return frames
+
+
+class Worker(Protocol):
+    """What the supervisor needs of a worker, wherever it runs (`placement`): its frames
+    (`FrameSource`), writing frames, liveness, and killing it."""
+
+    rfd: int
+    overdue: bool
+
+    @property
+    def pid(self) -> int: ...
+
+    def readable(self, timeout_s: float) -> bool: ...
+
+    def receive(self) -> list[protocol.WorkerFrame] | None: ...
+
+    def send(self, frames: list[msgspec.Struct], deadline: float) -> OSError | None: ...
+
+    def alive(self) -> bool: ...
+
+    def crashed(self, message: str, *, timed_out: bool = False) -> WorkerCrashed: ...
+
+    def signal_kill(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+    def close_pipes(self) -> None: ...
+
+    def shutdown(self, wait_s: float = 0.5) -> None: ...
+
+
+class WorkerProcess(FrameSource):
+    """One worker subprocess on this machine, and the framing on its pipes."""
 
     def __init__(self, memory_bytes: int) -> None:
         self.proc = subprocess.Popen(
@@ -68,21 +140,14 @@ class WorkerProcess:
             bufsize=0,
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None
+        super().__init__(self.proc.stdout.fileno())
         self.wfd = self.proc.stdin.fileno()
-        self.rfd = self.proc.stdout.fileno()
-        self.reader = protocol.FrameReader(self.rfd)
-        self._poller = select.poll()
-        self._poller.register(self.rfd, select.POLLIN)
         #: Writes never block past their deadline (a worker that stops reading is killed).
         os.set_blocking(self.wfd, False)
         self._out = select.poll()
         self._out.register(self.wfd, select.POLLOUT)
         #: Writes are whole frames: a ``Drop`` may be written by any thread, between others.
         self._write_lock = threading.Lock()
-        #: Killed because it stopped reading before a write's deadline (its culprit timed out).
-        self.overdue = False
-        #: A malformed frame read after good ones (raised by the next `receive`).
-        self._bad: ProtocolError | None = None
 
     @property
     def pid(self) -> int:
@@ -109,30 +174,6 @@ class WorkerProcess:
                 except OSError as e:
                     return e
         return None
-
-    def readable(self, timeout_s: float) -> bool:
-        """Waits up to ``timeout_s`` for the worker to write (or exit); at once if `receive`
-        has an error to raise."""
-        return self._bad is not None or bool(self._poller.poll(max(0.0, timeout_s) * 1000.0))
-
-    def receive(self) -> list[protocol.WorkerFrame] | None:
-        """Reads what the worker wrote: the whole frames it completes (maybe none); None at the
-        end of the pipe. A frame that is not one of ours is a ``ProtocolError``, raised once the
-        frames before it have been returned."""
-        if self._bad is not None:
-            raise self._bad
-        if not self.reader.fill():
-            return None
-        frames = []
-        while (body := self.reader.poll()) is not None:
-            try:
-                frames.append(protocol.worker_decoder.decode(body))
-            except msgspec.DecodeError as e:
-                self._bad = ProtocolError(f"worker {self.pid} sent a malformed frame: {e}")
-                if not frames:
-                    raise self._bad from None
-                break
-        return frames
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -221,7 +262,7 @@ class Lane:
         "writing",
     )
 
-    def __init__(self, worker: WorkerProcess, lock: threading.Lock, ready_by: float) -> None:
+    def __init__(self, worker: Worker, lock: threading.Lock, ready_by: float) -> None:
         self.worker = worker
         #: Frames written and not answered yet, oldest first; it starts with the worker's `Ready`.
         self.pipeline: collections.deque[Inflight] = collections.deque(

@@ -1,0 +1,146 @@
+"""Workers as Ray actors (``CodeMode(placement="ray")``), on a local Ray cluster the tests start.
+
+The cells run in the worker binary inside actors; the tools run in this process; deadlines and
+the kill backstop hold by killing the actor; a lost actor's suspended runs replay on another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from codemode import CodeMode
+from codemode.errors import ConfigError
+from codemode.placement import LocalPlacement, placement_of
+from codemode.ray_placement import RayPlacement
+from mcp_servers import wait_until
+
+ray = pytest.importorskip("ray", reason="Ray placement tests need Ray: pip install 'codemode[ray]'")
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def parent_of(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("PPid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no PPid for {pid}")
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return state == "Z"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[None]:
+    """A local Ray cluster for this module (logical CPUs: an actor asks for one)."""
+    ray.init(num_cpus=6, include_dashboard=False, object_store_memory=96 << 20, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def rcm(cluster: None) -> Iterator[CodeMode]:
+    cm = CodeMode({"workers": 2, "timeoutMs": 2000}, placement="ray")
+
+    @cm.tool
+    def where() -> int:
+        """The process this tool runs in."""
+        return os.getpid()
+
+    @cm.tool(read_only=True)
+    async def slow(tag: str, ms: int = 300) -> str:
+        """Answers with its tag after ``ms`` milliseconds."""
+        await asyncio.sleep(ms / 1000)
+        return tag
+
+    yield cm
+    cm.close()
+
+
+def test_a_cell_runs_in_an_actor_and_its_tools_in_the_host(rcm: CodeMode) -> None:
+    result = rcm.session("s").exec({"code": "const pid = await tools.where({}); return [pid, 6 * 7]"})
+    assert result["status"] == "completed", result
+    assert result["value"] == [os.getpid(), 42]
+    wait_until(lambda: all(pid > 0 for pid in rcm.inspect().worker_pids), "actors report their pids", 30.0)
+    pids = rcm.inspect().worker_pids
+    assert len(pids) == 2
+    for pid in pids:
+        assert parent_of(pid) != os.getpid()  # a child of its actor, not of this host
+
+
+def test_a_run_suspends_and_resumes_through_an_actor(rcm: CodeMode) -> None:
+    session = rcm.session("s")
+    code = "// @options: {\"timeout_ms\": 100}\nreturn [await tools.slow({tag: 'a'}), await tools.slow({tag: 'b'})]"
+    result: dict[str, Any] = dict(session.exec({"code": code}))
+    assert result["status"] == "waiting"
+    while result["status"] == "waiting":
+        result = dict(session.wait({"runId": result["runId"]}))
+    assert result["status"] == "completed" and result["value"] == ["a", "b"]
+
+
+def test_a_runaway_builtin_is_stopped_by_killing_its_actor_and_its_worker_dies_with_it(rcm: CodeMode) -> None:
+    wait_until(lambda: all(pid > 0 for pid in rcm.inspect().worker_pids), "actors report their pids", 30.0)
+    before = set(rcm.inspect().worker_pids)
+    killed_before = rcm.inspect().workers_killed
+    runaway = '// @options: {"timeout_ms": 500}\nArray.prototype.reverse.call({length: 2 ** 32 - 1})'
+    result = rcm.session("s").exec({"code": runaway})
+    assert result["status"] == "failed" and result["code"] == "timeout", result
+    assert rcm.inspect().workers_killed == killed_before + 1
+    (victim,) = before - set(rcm.inspect().worker_pids)
+    # Still inside the builtin (which never polls QuickJS's interrupt) when its actor was
+    # killed: it must not be left spinning on the actor's node.
+    wait_until(lambda: gone(victim), "the worker dies with its actor")
+    after = rcm.session("s").exec({"code": "return 40 + 2"})
+    assert after["status"] == "completed" and after["value"] == 42  # a new actor took its place
+
+
+def test_a_lost_actor_s_suspended_runs_replay_on_another(cluster: None) -> None:
+    with CodeMode({"workers": 1, "timeoutMs": 2000}, placement="ray") as cm:  # one actor holds them all
+
+        @cm.tool
+        def where() -> int:
+            """The process this tool runs in."""
+            return os.getpid()
+
+        session = cm.session("lost")
+        code = "const n = await yield_control('go'); return [n, await tools.where({})]"
+        runs = [session.exec({"code": code})["runId"] for _ in range(4)]
+        assert all(cm.inspect().run(run_id) is not None for run_id in runs)
+        wait_until(lambda: all(pid > 0 for pid in cm.inspect().worker_pids), "actors report their pids", 30.0)
+        (victim,) = cm.inspect().worker_pids
+        os.kill(parent_of(victim), signal.SIGKILL)  # the actor's process: its worker goes with it
+        wait_until(lambda: gone(victim), "the worker dies with its actor")
+        for run_id in runs:
+            result = session.wait({"runId": run_id, "answer": 5})
+            assert result["status"] == "completed" and result["value"] == [5, os.getpid()], result
+        assert cm.inspect().workers_spawned == 2  # the replays ran on a new actor
+        assert victim not in cm.inspect().worker_pids
+
+
+def test_an_actor_the_cluster_cannot_place_fails_its_runs_after_the_spawn_timeout(cluster: None) -> None:
+    placement = RayPlacement(actor_options={"resources": {"no-such-resource": 1}}, spawn_timeout_s=1.0)
+    with CodeMode({"workers": 1}, placement=placement) as cm:
+        result = cm.session("s").exec({"code": "return 1"})
+    assert result["status"] == "failed", result
+    assert result["code"] == "runtime_unavailable"
+    assert result["error"] == (
+        "code mode runtime is unavailable: 3 workers died before they answered: worker 0 did not start in time"
+    )
+
+
+def test_placement_names_are_checked() -> None:
+    assert isinstance(placement_of(None), LocalPlacement)
+    assert isinstance(placement_of("local"), LocalPlacement)
+    with pytest.raises(ConfigError, match="placement must be"):
+        placement_of("kubernetes")
