@@ -9,15 +9,15 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from codemode import CodeMode
-from codemode.errors import ConfigError
-from codemode.placement import LocalPlacement, placement_of
+from codemode import CodeMode, protocol
 from codemode.ray_placement import RayPlacement
+from codemode.workers import WORKER_MEMORY_SLACK
 from mcp_servers import wait_until
 
 ray = pytest.importorskip("ray", reason="Ray placement tests need Ray: pip install 'codemode[ray]'")
@@ -139,8 +139,17 @@ def test_an_actor_the_cluster_cannot_place_fails_its_runs_after_the_spawn_timeou
     )
 
 
-def test_placement_names_are_checked() -> None:
-    assert isinstance(placement_of(None), LocalPlacement)
-    assert isinstance(placement_of("local"), LocalPlacement)
-    with pytest.raises(ConfigError, match="placement must be"):
-        placement_of("kubernetes")
+def test_only_the_actor_with_the_token_gets_the_worker_stream(cluster: None) -> None:
+    """The port a worker's actor connects back to is open to anyone who can reach the host: a
+    connection without the token gets nothing and is dropped, and the actor still gets through."""
+    worker = RayPlacement().start(WORKER_MEMORY_SLACK + (64 << 20))
+    try:
+        # (Before the actor, which takes about a second to start.)
+        with socket.create_connection(worker._listener.getsockname(), timeout=10.0) as intruder:
+            intruder.sendall(b"x" * 32)
+            assert intruder.recv(1024) == b""  # dropped, having been sent nothing
+        assert worker.readable(30.0)
+        frames = worker.receive()
+        assert frames is not None and [type(f) for f in frames] == [protocol.Ready]
+    finally:
+        worker.kill()

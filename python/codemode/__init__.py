@@ -35,7 +35,9 @@ if TYPE_CHECKING:
         WorkerUnavailable,
     )
     from .namespaces import NamespaceRegistration, ScopeContext, namespace_tool
+    from .placement import Placement
     from .policy import Block, Defer, Rewrite, ToolCallEvent
+    from .ray_placement import RayPlacement
     from .results import (
         CompletedResult,
         ExecResult,
@@ -90,6 +92,8 @@ _HOME = {
     "Waiting": "session",
     "Tool": "tools",
     "ToolContext": "tools",
+    "Placement": "placement",
+    "RayPlacement": "ray_placement",
 }
 
 __all__ = [
@@ -114,7 +118,9 @@ __all__ = [
     "NamespaceRegistration",
     "OutputItem",
     "PendingToolCall",
+    "Placement",
     "ProtocolError",
+    "RayPlacement",
     "Result",
     "ResultTelemetry",
     "Rewrite",

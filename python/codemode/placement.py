@@ -54,6 +54,6 @@ def placement_of(value: Any) -> Placement:
         from .ray_placement import RayPlacement
 
         return RayPlacement()
-    if callable(getattr(value, "start", None)) and hasattr(value, "spawn_timeout_s"):
+    if all(callable(getattr(value, name, None)) for name in ("start", "close")) and hasattr(value, "spawn_timeout_s"):
         return value  # type: ignore[no-any-return]
     raise ConfigError(f'placement must be "local", "ray" or a placement object, not {value!r:.80}')

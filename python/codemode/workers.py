@@ -38,7 +38,7 @@ from .errors import ProtocolError, WorkerCrashed
 if TYPE_CHECKING:
     from .runs import Run
 
-__all__ = ["FrameSource", "Inflight", "Lane", "Worker", "WorkerProcess"]
+__all__ = ["FrameSource", "Inflight", "Lane", "Worker", "WorkerProcess", "write_before"]
 
 #: RLIMIT_DATA (the memory a worker may write) on top of what its resident runtimes may hold
 #: together: QuickJS heaps are capped by their own allocator; this bounds the rest (arena images,
@@ -94,6 +94,23 @@ class FrameSource:
                     raise self._bad from None
                 break
         return frames
+
+
+def write_before(fd: int, writable: select.poll, data: bytes, deadline: float) -> OSError | None:
+    """Writes all of ``data`` to the non-blocking ``fd`` (``writable`` polls it for POLLOUT);
+    the error if it is gone, or a ``TimeoutError`` if the reader has not taken it all by
+    ``deadline`` (``time.monotonic``): it stopped reading, and the caller kills it."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            timeout = deadline - time.monotonic()
+            if timeout <= 0 or not writable.poll(timeout * 1000.0):
+                return TimeoutError("stopped reading")
+        except OSError as e:
+            return e
+    return None
 
 
 class Worker(Protocol):
@@ -158,22 +175,16 @@ class WorkerProcess(FrameSource):
         its end). A worker that has not taken them by ``deadline`` (``time.monotonic``) stopped
         reading: it is killed. Under the write lock, which `close_pipes` takes too: the fd
         cannot be closed (and its number reused) meanwhile."""
-        view = memoryview(b"".join(protocol.encode(frame) for frame in frames))
+        data = b"".join(protocol.encode(frame) for frame in frames)
         with self._write_lock:
             if self.proc.stdin is None or self.proc.stdin.closed:
                 return BrokenPipeError("pipe closed")
-            while view:
-                try:
-                    view = view[os.write(self.wfd, view) :]
-                except BlockingIOError:
-                    timeout = deadline - time.monotonic()
-                    if timeout <= 0 or not self._out.poll(timeout * 1000.0):
-                        self.overdue = True
-                        self.signal_kill()
-                        return TimeoutError(f"worker {self.pid} stopped reading")
-                except OSError as e:
-                    return e
-        return None
+            error = write_before(self.wfd, self._out, data, deadline)
+        if isinstance(error, TimeoutError):
+            self.overdue = True
+            self.signal_kill()
+            return TimeoutError(f"worker {self.pid} stopped reading")
+        return error
 
     def alive(self) -> bool:
         return self.proc.poll() is None
