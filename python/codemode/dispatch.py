@@ -19,7 +19,7 @@ import asyncio
 import functools
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .approvals import Approvals, FiledCall
 from .call_gate import CallGate, CallScope, Gate
@@ -34,7 +34,15 @@ if TYPE_CHECKING:
     from .outputs import OutputStore
     from .tools import CatalogView
 
-__all__ = ["Dispatcher"]
+__all__ = ["Dispatcher", "InlineCalls"]
+
+
+class InlineCalls(Protocol):
+    """Runs a batch of a run's sync tools on the calling thread, then hands their results to
+    the run; ``ran`` is told when the tools have run, before the results land (so how long they
+    took is known before the run can make its next call: `ToolStarter`)."""
+
+    def __call__(self, ran: Callable[[], None] | None = None) -> None: ...
 
 
 class Dispatcher:
@@ -111,7 +119,7 @@ class Dispatcher:
     def listener(self, listener: Callable[[], object] | None) -> None:
         self._results.listener = listener
 
-    def submit(self, calls: list[tuple[int, str, str]]) -> Callable[[], None] | None:
+    def submit(self, calls: list[tuple[int, str, str]]) -> InlineCalls | None:
         """Starts the calls: async ones on their loop; calls that fail before a tool runs are
         answered at once. Returns what runs the sync tools among them (each result lands as
         any other), for the caller to run on a thread of its choosing; None if there are none.
@@ -131,7 +139,7 @@ class Dispatcher:
             plans.append((call_id, plan))
         return self._launch(plans)
 
-    def release(self, decided: list[tuple[int, FiledCall, Any]]) -> Callable[[], None] | None:
+    def release(self, decided: list[tuple[int, FiledCall, Any]]) -> InlineCalls | None:
         """Acts on the host's decisions (`Approvals.take_decided`): an approved call starts as
         `submit` starts a call (the run of its sync tool is returned), a rejected one fails."""
         plans = []
@@ -144,7 +152,7 @@ class Dispatcher:
                 plans.append((call_id, Plan(None, functools.partial(filed.refuse, decision.reason))))
         return self._launch(plans)
 
-    def _launch(self, plans: list[tuple[int, Plan]]) -> Callable[[], None] | None:
+    def _launch(self, plans: list[tuple[int, Plan]]) -> InlineCalls | None:
         inline: list[Callable[[], CallResult | None]] = []
         answered: list[CallResult] = []
         for call_id, plan in plans:
@@ -164,8 +172,10 @@ class Dispatcher:
             return None
         return functools.partial(self._run_inline, inline)
 
-    def _run_inline(self, runs: list[Callable[[], CallResult | None]]) -> None:
+    def _run_inline(self, runs: list[Callable[[], CallResult | None]], ran: Callable[[], None] | None = None) -> None:
         results = [result for run in runs if (result := run()) is not None]
+        if ran is not None:
+            ran()
         self._results.add(results)
 
     def add_ready(self, results: list[CallResult]) -> None:

@@ -18,9 +18,13 @@ import functools
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .fleet import Fleet, Out, run_all
 from .runs import Phase, Run
+
+if TYPE_CHECKING:
+    from .dispatch import InlineCalls
 
 __all__ = ["CALLER_TOOL_THREADS", "QUICK_TOOL_S", "SYNC_TOOL_THREADS", "ToolStarter"]
 
@@ -88,7 +92,7 @@ class ToolStarter:
         run: Run,
         calls: list[tuple[int, str, str]],
         counted: bool = False,
-        start: Callable[[], Callable[[], None] | None] | None = None,
+        start: Callable[[], InlineCalls | None] | None = None,
     ) -> None:
         """Starts a run's calls (outside the lock); its sync tools go to the thread waiting for
         the run when they were quick last time, else to a pool (the waiting thread must be free
@@ -158,16 +162,25 @@ class ToolStarter:
         limit = QUICK_TOOL_S
         return bool(tools) and all(took.get(tool, limit + 1) <= limit for tool in tools)
 
-    def _timed(self, run: Run, inline: Callable[[], None], tools: list[str], lent: bool) -> None:
-        """Runs a batch of sync tools and remembers, for each, how long the batch took.
+    def _timed(self, run: Run, inline: InlineCalls, tools: list[str], lent: bool) -> None:
+        """Runs a batch of sync tools and remembers, for each, how long the batch took (before
+        their results land: the run's next call may start at once, and asks `_quick`).
         ``lent``: on the pool for the run's waiting thread (counted in ``run.lent``)."""
         started = time.perf_counter()
-        try:
-            inline()
-        finally:
+        timed = False
+
+        def ran() -> None:
+            nonlocal timed
+            timed = True
             took = time.perf_counter() - started
             for tool in tools:  # (catalog ids: as many as there are tools)
                 self._tool_took[tool] = took
+
+        try:
+            inline(ran)
+        finally:
+            if not timed:
+                ran()
             if lent:
                 with self._fleet.lock:
                     run.lent -= 1
