@@ -509,7 +509,7 @@ def test_workers_that_die_before_they_are_ready_fail_a_run_after_three_not_loop(
             os.kill(pid, signal.SIGKILL)
         result = session.exec({"code": "return 2"})
         assert (result["status"], result["code"]) == ("failed", "runtime_unavailable"), result
-        assert result["error"].startswith("code mode runtime is unavailable: 3 workers died before they answered: ")
+        assert result["error"].startswith("code mode runtime is unavailable: 3 workers died before they were ready: ")
         assert why in result["error"]
         monkeypatch.undo()
         wait_until(lambda: session.exec({"code": "return 3"}).get("value") == 3, "a real worker again")

@@ -135,7 +135,7 @@ def test_an_actor_the_cluster_cannot_place_fails_its_runs_after_the_spawn_timeou
     assert result["status"] == "failed", result
     assert result["code"] == "runtime_unavailable"
     assert result["error"] == (
-        "code mode runtime is unavailable: 3 workers died before they answered: worker 0 did not start in time"
+        "code mode runtime is unavailable: 3 workers died before they were ready: worker 0 did not start in time"
     )
 
 

@@ -238,6 +238,7 @@ class Fleet:
             self.spawn()
         inflight = lane.inflight
         culprit = inflight.run if inflight is not None else None
+        stillborn = inflight is not None and inflight.kind == "ready"  # it never said it was ready
         # Frames in the pipe behind the culprit's never started: their runs go on elsewhere,
         # and the results a settle among them carried are still to be delivered.
         behind = {entry.run: entry.kind for entry in list(lane.pipeline)[1:] if entry.run is not None}
@@ -259,22 +260,26 @@ class Fleet:
                 assert inflight is not None
                 self._blame(run, inflight, error, timed_out, out)
             elif (run.phase is Phase.QUEUED and run.next_frame == "start") or behind.get(run) == "start":
-                self._elsewhere(run, "start", error, out)  # it never ran: it starts elsewhere
+                self._elsewhere(run, "start", error, out, stillborn)  # it never ran: it starts elsewhere
             elif run.waiter is not None:
-                self._elsewhere(run, "replay", error, out)
+                self._elsewhere(run, "replay", error, out, stillborn)
             else:
                 run.phase = Phase.PARKED  # suspended: its next `wait` replays it
 
-    def _elsewhere(self, run: Run, kind: str, error: Exception, out: Out) -> None:
+    def _elsewhere(self, run: Run, kind: str, error: Exception, out: Out, stillborn: bool) -> None:
         """Under the lock: a run of a dead worker that was not its culprit goes on on another,
-        unless it has been given `MAX_PLACEMENTS` workers that all died before it got an answer
-        (workers that never come up: a worker binary that cannot start, an actor the cluster
-        cannot place), when it fails rather than wait for ever."""
-        if run.placements < MAX_PLACEMENTS:
-            self.frames.enqueue(run, kind, out)
-            return
-        message = f"code mode runtime is unavailable: {MAX_PLACEMENTS} workers died before they answered: {error}"
-        self.end(run, "failed", out, failure=failed("runtime_unavailable", "WorkerUnavailable", message))
+        unless the worker never came up (``stillborn``) and neither did the `MAX_PLACEMENTS`
+        before it that the run waited for (a worker binary that cannot start, an actor the
+        cluster cannot place): then it fails rather than wait for ever."""
+        if stillborn:
+            run.stillborn += 1
+            if run.stillborn >= MAX_PLACEMENTS:
+                message = (
+                    f"code mode runtime is unavailable: {MAX_PLACEMENTS} workers died before they were ready: {error}"
+                )
+                self.end(run, "failed", out, failure=failed("runtime_unavailable", "WorkerUnavailable", message))
+                return
+        self.frames.enqueue(run, kind, out)
 
     def _blame(self, run: Run, inflight: Inflight, error: Exception, timed_out_: bool, out: Out) -> None:
         """Under the lock: the run whose frame the dead worker was executing."""

@@ -103,7 +103,7 @@ class ReportRouter:
     def _reported(self, lane: Lane, run: Run, report: Report, decoded: Any, out: Out) -> None:
         fleet = self._fleet
         journal, step = run.journal, run.step
-        run.placements = 0  # it got somewhere: a later death is a new one
+        run.placements = run.stillborn = 0  # it got somewhere: a later death is a new one
         if isinstance(decoded, str):
             if report.status == "pending":
                 send_drop(lane, run, out)
@@ -190,7 +190,7 @@ class ReportRouter:
             message = f"code mode run diverged on replay: {_divergence(expected, got, report.status)}"
             fleet.end(run, "failed", out, failure=failed("internal_error", "DivergenceError", message))
             return
-        run.placements = 0
+        run.placements = run.stillborn = 0
         fleet.set_memory(run, report.memory_bytes)
         step.memory_bytes = report.memory_bytes
         run.phase = Phase.PARKED

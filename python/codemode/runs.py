@@ -233,6 +233,7 @@ class Run:
         "scope",
         "starting",
         "step",
+        "stillborn",
         "store_key",
         "stored_calls",
         "stored_version",
@@ -264,6 +265,9 @@ class Run:
         #: Workers placed on since its last report (bounded: a run whose frame kills every
         #: worker it is given fails).
         self.placements = 0
+        #: Workers that died before they were ready while it waited for them, since its last
+        #: report (bounded: a run whose workers never come up fails, see `Fleet.lane_died`).
+        self.stillborn = 0
         #: How long its worker took over its last frame: a run whose frames are quick may have
         #: its next one wait in the pipe behind another's (see `FrameQueue.may_write`).
         self.drive_s = 0.0
