@@ -89,6 +89,16 @@ def test_a_run_suspends_and_resumes_through_an_actor(rcm: CodeMode) -> None:
     assert result["status"] == "completed" and result["value"] == ["a", "b"]
 
 
+def test_an_endless_loop_in_an_actor_times_out_by_interrupt_without_losing_the_actor(rcm: CodeMode) -> None:
+    wait_until(lambda: all(pid > 0 for pid in rcm.inspect().worker_pids), "actors report their pids", 30.0)
+    before, killed = set(rcm.inspect().worker_pids), rcm.inspect().workers_killed
+    result = rcm.session("s").exec({"code": '// @options: {"timeout_ms": 300}\nwhile (true) {}'})
+    assert result["status"] == "failed" and result["code"] == "timeout", result
+    assert rcm.inspect().workers_killed == killed  # the engine's interrupt ended it: no kill
+    assert set(rcm.inspect().worker_pids) == before
+    assert rcm.session("s").exec({"code": "return 7"})["value"] == 7
+
+
 def test_a_runaway_builtin_is_stopped_by_killing_its_actor_and_its_worker_dies_with_it(rcm: CodeMode) -> None:
     wait_until(lambda: all(pid > 0 for pid in rcm.inspect().worker_pids), "actors report their pids", 30.0)
     before = set(rcm.inspect().worker_pids)
