@@ -16,8 +16,8 @@ is dropped. The host copies what arrives into a local pipe, so the supervisor's 
 deadlines and event-loop reading work unchanged. Killing a worker kills its actor (``ray.kill``):
 the worker was started with ``PR_SET_PDEATHSIG`` (``setpriv --pdeathsig KILL``) from a thread
 that lives as long as it does, so it dies with the actor even in the middle of a builtin that
-never polls QuickJS's interrupt. A lost actor's runs are recovered as for any dead worker: the
-run it was executing fails, the others replay elsewhere.
+never polls QuickJS's interrupt. A lost actor's runs are recovered as for any dead worker
+(`fleet.Fleet.lane_died`): they replay elsewhere from their journals.
 
 Tools still run in the host. Ray is an optional extra (``pip install 'codemode[ray]'``).
 """

@@ -21,6 +21,7 @@ are wall-clock seconds (``time.time()``), so hosts sharing a server keep their c
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Iterable
@@ -41,6 +42,13 @@ HOST_TTL_S = 3.0
 # Serializes the count-then-insert of a first suspension (PostgreSQL; SQLite's BEGIN IMMEDIATE
 # already does), so that the 64-run and per-session caps hold across processes.
 _RUNS_LOCK_ID = 0x636D_5F72_756E_7321  # "cm_runs!"
+
+
+def _run_lock(run_id: str) -> int:
+    """The advisory lock key a claim of ``run_id`` takes on PostgreSQL (a hash: a collision only
+    serializes two claims of unrelated runs)."""
+    return int.from_bytes(hashlib.blake2b(run_id.encode(), digest_size=8).digest(), "big", signed=True)
+
 
 _SCHEMA = [
     """CREATE TABLE IF NOT EXISTS codemode_runs (
@@ -218,7 +226,9 @@ class RunStore:
         """Takes the lease of a suspended run for a ``wait``; ``RunLookupError`` with the spec's
         message when it is unknown or expired, another session's, or being resumed."""
         now = time.time()
-        with self._db.transaction(write=True) as tx:
+        # (Read, then write: on PostgreSQL two claims at once would each see no holder without
+        # the run's lock; SQLite's one writer at a time serializes them already.)
+        with self._db.transaction(write=True, lock=_run_lock(run_id)) as tx:
             rows = tx.rows(
                 "SELECT r.scope, r.expires_at, r.holder, COALESCE(h.alive_until, 0), r.version, r.meta, "
                 "CASE WHEN r.version = {p} THEN NULL ELSE r.journal END FROM codemode_runs r "
