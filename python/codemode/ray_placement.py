@@ -40,7 +40,7 @@ import msgspec
 from . import protocol
 from .errors import WorkerCrashed
 from .extras import explained
-from .workers import WORKER_BINARY, WORKER_CPU_SECONDS, FrameSource, Worker, write_before
+from .workers import WORKER_BINARY, WORKER_CPU_SECONDS, FrameSource, Worker, popen_worker, write_before
 
 __all__ = ["RayPlacement", "RayWorker", "WorkerActor"]
 
@@ -83,16 +83,7 @@ class WorkerActor:
             # PR_SET_PDEATHSIG fires when the *thread* that started the child ends: this one
             # lives as long as the child.
             try:
-                proc = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.DEVNULL,
-                    env={},
-                    start_new_session=True,
-                    close_fds=True,
-                    bufsize=0,
-                )
+                proc = popen_worker(argv)
             except OSError as e:
                 started.append(e)
                 ready.set()

@@ -38,7 +38,7 @@ from .errors import ProtocolError, WorkerCrashed
 if TYPE_CHECKING:
     from .runs import Run
 
-__all__ = ["FrameSource", "Inflight", "Lane", "Worker", "WorkerProcess", "write_before"]
+__all__ = ["FrameSource", "Inflight", "Lane", "Worker", "WorkerProcess", "popen_worker", "write_before"]
 
 #: RLIMIT_DATA (the memory a worker may write) on top of what its resident runtimes may hold
 #: together: QuickJS heaps are capped by their own allocator; this bounds the rest (arena images,
@@ -96,6 +96,21 @@ class FrameSource:
         return frames
 
 
+def popen_worker(argv: list[str]) -> subprocess.Popen[bytes]:
+    """Starts a worker process (here, or inside a Ray actor): frames on unbuffered pipes, no
+    stderr, an empty environment, and a session of its own (it is killed as a process group)."""
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={},
+        start_new_session=True,
+        close_fds=True,
+        bufsize=0,
+    )
+
+
 def write_before(fd: int, writable: select.poll, data: bytes, deadline: float) -> OSError | None:
     """Writes all of ``data`` to the non-blocking ``fd`` (``writable`` polls it for POLLOUT);
     the error if it is gone, or a ``TimeoutError`` if the reader has not taken it all by
@@ -146,16 +161,7 @@ class WorkerProcess(FrameSource):
     """One worker subprocess on this machine, and the framing on its pipes."""
 
     def __init__(self, memory_bytes: int) -> None:
-        self.proc = subprocess.Popen(
-            [WORKER_BINARY, str(memory_bytes), str(WORKER_CPU_SECONDS)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env={},
-            start_new_session=True,
-            close_fds=True,
-            bufsize=0,
-        )
+        self.proc = popen_worker([str(WORKER_BINARY), str(memory_bytes), str(WORKER_CPU_SECONDS)])
         assert self.proc.stdin is not None and self.proc.stdout is not None
         super().__init__(self.proc.stdout.fileno())
         self.wfd = self.proc.stdin.fileno()
