@@ -400,7 +400,8 @@ def test_an_mcp_tool_and_an_mcp_request_wait_for_approval_too(make_codemode):
     s.approve(waiting["runId"], "call_1", False, reason="no echo")
     again = s.wait({"runId": waiting["runId"]})
     assert again["status"] == "waiting", again
-    assert again["pendingToolCalls"][0]["toolId"] == "\x00mcp"
+    # (A request is shown as the policy names it, never as the bridge's internal marker id.)
+    assert again["pendingToolCalls"][0]["toolId"] == "mcp:paged:resources/list"
     assert again["pendingToolCalls"][0]["approval"] == "pending"
     s.approve(again["runId"], "call_2", True)
     done = s.wait({"runId": again["runId"]})

@@ -145,7 +145,7 @@ def test_rust_reads_what_msgspec_reads_the_same_way(echo: Echo, body: bytes, sam
         ["settle", 1, [[2**32, True, "1"]], 1.0],  # a call id past 32 bits
         ["replay", ["start", 1, "s", "javascript", 1.0, 2], [], [[1.0, 0]]],  # a clock run read 0 times
         ["report", 1, "done", None, None, [], [], [], 0, 0, 0, 0, None],  # a status outside the Literal
-        ["report", 1, "failed", None, None, [[8, "x"]], [], [], 0, 0, 0, 0, None],  # an output kind past the last (7)
+        ["report", 1, "failed", None, None, [[10, "x"]], [], [], 0, 0, 0, 0, None],  # an output kind past the last (9)
         ["fault", 1, b"bytes"],  # bin where a str belongs
         ["ready", 1],  # a field missing
         {"drop": 1},  # a map

@@ -38,6 +38,7 @@ def test_readme_usage_example_runs_as_written():
         "### Observability",
         "### A run store shared by host processes",
         "### Workers on a Ray cluster",
+        "### Models and sub-agents",
     ],
 )
 def test_readme_section_example_runs_as_written(heading: str):

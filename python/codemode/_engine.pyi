@@ -3,6 +3,7 @@
 from typing import Literal, TypeAlias, final
 
 __all__ = [
+    "AGENTS_TOOL",
     "CALL_METHODS",
     "DEFAULT_LIMITS",
     "MAX_BRIDGE_BYTES",
@@ -10,6 +11,7 @@ __all__ = [
     "MAX_REPORT_BYTES",
     "MAX_VALUE_DEPTH",
     "MCP_TOOL",
+    "MODELS_TOOL",
     "NAMESPACE_TOOL",
     "OUTPUT_TOOL",
     "PRELUDE_HASH",
@@ -30,11 +32,14 @@ _Failure: TypeAlias = tuple[str | None, str, str, str]
 __version__: str
 PRELUDE_HASH: str
 #: The bridge's internal tool ids (engine.rs; the prelude gets the same ones at install): a
-#: ``yield_control``, an ``MCP.*`` call, a namespace function's call, a ``readOutput``.
+#: ``yield_control``, an ``MCP.*`` call, a namespace function's call, a ``readOutput``, a
+#: ``models.*`` call, an ``agents.run``.
 YIELD_TOOL: str
 MCP_TOOL: str
 NAMESPACE_TOOL: str
 OUTPUT_TOOL: str
+MODELS_TOOL: str
+AGENTS_TOOL: str
 #: The guest API a call can start from, as each call's ``method`` names it (``CallMethod`` in engine.rs).
 CALL_METHODS: tuple[str, ...]
 #: How deeply a cell's source may nest (brackets, operator chains, statements); deeper is invalid_input.

@@ -38,8 +38,8 @@ __all__ = [
     "CallScope",
     "Deferred",
     "Gate",
+    "HostRequest",
     "InvalidInput",
-    "McpRequest",
     "apply_hook",
     "blocked_result",
     "op_rejected",
@@ -90,8 +90,10 @@ class Deferred(Exception):
         self.shown = shown
 
 
-class McpRequest(NamedTuple):
-    """An ``MCP.<server>.resources/prompts`` request as hooks and approvals see it (`mcp_api.op_id`)."""
+class HostRequest(NamedTuple):
+    """A call that is no catalog tool, as hooks and approvals see it: an
+    ``MCP.<server>.resources/prompts`` request (`mcp_api.op_id`), a ``models.classify`` or
+    ``models.generateImages`` (``models:<provider>:<op>``), an ``agents.run`` (``agents:run``)."""
 
     id: str
     name: str
@@ -184,11 +186,11 @@ class CallGate:
         #: Restart-safe runs may not wait for an approval (they may be redone after a restart).
         self._read_only = read_only
 
-    def passes(self, tool: Tool | McpRequest) -> bool:
+    def passes(self, tool: Tool | HostRequest) -> bool:
         """Whether a call of ``tool`` passes a hook or an approval at all."""
         return self.gated or self.view.needs_approval(tool)
 
-    def event(self, tool: Tool | McpRequest, args: Any) -> ToolCallEvent:
+    def event(self, tool: Tool | HostRequest, args: Any) -> ToolCallEvent:
         return ToolCallEvent(
             tool_id=tool.id,
             name=tool.name,
@@ -213,7 +215,7 @@ class CallGate:
             raise Deferred(args, args)
         return args
 
-    async def check_async(self, call_id: int, tool: Tool | McpRequest, args: Any) -> Any:
+    async def check_async(self, call_id: int, tool: Tool | HostRequest, args: Any) -> Any:
         """`check_sync` with callbacks that may be ``async``."""
         gate = self.gate
         if gate.hook is not None:

@@ -6,6 +6,8 @@ of its error) or hands on what it found::
     (call_id, tool_id, input_json)
       ├─ readOutput ──────────────────────────> answered from the session's cut outputs
       ├─ too_heavy(input_json) ───────────────> refused before it is decoded
+      ├─ models.* / agents.run ───────────────> the host's providers / agent runner (`HostApis`),
+      │                                         classify, images and sub-agents gated as tools
       ├─ MCP.* / namespace call ──unwrapped──> the tool it stands for (resources/prompts:
       │                                         plan_mcp_op, gated as a tool call would be)
       ├─ the catalog tool (an exact name for its one id; hidden, denied and absent alike)
@@ -25,20 +27,23 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import msgspec
 
 from . import catalog
+from .agents import AGENTS_REQUEST, AgentRunner, agent_task, run_agent
 from .approvals import FiledCall
-from .call_gate import CallGate, CallScope, Deferred, McpRequest, op_rejected
+from .call_gate import CallGate, CallScope, Deferred, HostRequest, op_rejected
 from .call_results import TYPE_NAME, Refused, bounded_error, error_message, exception_text
 from .call_running import FILED, CallRunner
 from .mcp_api import check_op_input, op_id, op_name, with_defaults
+from .models import ModelRegistry, ModelUsage
 from .outputs import OutputStore, read_call
+from .policy import Policy
 from .protocol import CallResult, too_heavy
-from .tools import MCP_TOOL, NAMESPACE_TOOL, OUTPUT_TOOL
+from .tools import AGENTS_TOOL, MCP_TOOL, MODELS_TOOL, NAMESPACE_TOOL, OUTPUT_TOOL
 
 if TYPE_CHECKING:
     from .namespaces import CallTable
     from .tools import CatalogView, Tool
 
-__all__ = ["CallPlanner", "McpOps", "Plan", "planning_failure", "subject", "unknown_tool"]
+__all__ = ["CallPlanner", "HostApis", "McpOps", "Plan", "planning_failure", "subject", "unknown_tool"]
 
 McpOps = Callable[[str, str, Any], Awaitable[Any]]
 _encode = msgspec.json.encode
@@ -63,6 +68,28 @@ class Plan(NamedTuple):
     run: Callable[[], CallResult | None]
     #: A sync tool: host code that the caller of ``submit`` runs where it chooses.
     inline: bool = False
+
+
+class HostApis(NamedTuple):
+    """What a run's ``models.*`` and ``agents.run`` calls reach in the host (None: no such global
+    in its cells), and the policy their gated calls pass."""
+
+    models: ModelRegistry | None = None
+    agents: AgentRunner | None = None
+    policy: Policy = Policy()
+
+    def run_setup(self) -> dict[str, bool]:
+        """What the run's setup says the prelude installs (``models``, ``agents``/``phase``/``log``)."""
+        setup = {}
+        if self.models:
+            setup["models"] = True
+        if self.agents is not None and self.policy.permits(AGENTS_REQUEST.id, AGENTS_REQUEST.name):
+            setup["agents"] = True
+        return setup
+
+
+#: The ``models.*`` operations that reach a provider: the request each is gated as.
+_MODEL_OPS = {"classify": "models.classify", "images": "models.generateImages"}
 
 
 class _Target(NamedTuple):
@@ -123,7 +150,18 @@ def answer(call_id: int, resolved: str | None, message: str) -> Plan:
 class CallPlanner:
     """Plans one run's calls against its catalog view (see the module docstring)."""
 
-    __slots__ = ("_gate", "_mcp_ops", "_namespace_calls", "_outputs", "_read_only", "_runner", "_scope", "view")
+    __slots__ = (
+        "_apis",
+        "_gate",
+        "_mcp_ops",
+        "_namespace_calls",
+        "_outputs",
+        "_read_only",
+        "_runner",
+        "_scope",
+        "model_usage",
+        "view",
+    )
 
     def __init__(
         self,
@@ -136,6 +174,7 @@ class CallPlanner:
         namespace_calls: CallTable | None,
         mcp_ops: McpOps | None,
         read_only: bool,
+        apis: HostApis | None = None,
     ) -> None:
         self.view = view
         self._gate = gate
@@ -148,6 +187,9 @@ class CallPlanner:
         self._mcp_ops = mcp_ops
         #: Restart-safe runs may only call read-only tools (they may be redone after a restart).
         self._read_only = read_only
+        self._apis = apis or HostApis()
+        #: What this run's model operations used (its telemetry's ``modelUsage``).
+        self.model_usage = ModelUsage()
 
     def plan(self, call_id: int, tool_id: str, input_json: str) -> Plan:
         """How one call starts (nothing is started or recorded here); `submit` guards it. Each
@@ -159,6 +201,10 @@ class CallPlanner:
         heavy = too_heavy(input_json)
         if heavy is not None:  # weighed before it is decoded
             return answer(call_id, None, f"{subject(tool_id)}: input is too heavy for the host: {heavy}")
+        if tool_id == MODELS_TOOL:
+            return self._plan_models(call_id, input_json)
+        if tool_id == AGENTS_TOOL:
+            return self._plan_agent(call_id, input_json)
         target = self._unwrapped(call_id, tool_id, input_json)
         if isinstance(target, Plan):
             return target
@@ -275,18 +321,63 @@ class CallPlanner:
         problem = check_op_input(op, payload)
         if problem is not None:
             return answer(call_id, None, f"invalid input for MCP.{ident}.{op}: {problem}")
-        request = McpRequest(op_id(server, op), op_name(op), server)
+        request = HostRequest(op_id(server, op), op_name(op), server)
+        return self._gated(call_id, request, payload, functools.partial(ops, server, op))
+
+    def _plan_models(self, call_id: int, input_json: str) -> Plan:
+        """A ``models.*`` call: a listing is answered from the providers; ``classify`` and
+        ``generateImages`` pass the policy and the gate as ``models:<provider>:<op>`` first."""
+        registry = self._apis.models
+        if not registry:
+            return answer(call_id, None, "models is not available: this host registers no model providers")
+        try:
+            payload = _decode(input_json)
+            op = payload.get("op")
+        except (msgspec.DecodeError, AttributeError):
+            return answer(call_id, None, "malformed models call")
+        act = functools.partial(registry.answer, usage=self.model_usage)
+        name = _MODEL_OPS.get(op)
+        if name is None:
+            listing = functools.partial(act, payload)
+            return Plan("models:list", lambda: self._runner.start_coroutine(call_id, "models:list", listing))
+        provider = catalog.bounded_text(str(payload.get("provider")), 200)
+        request = HostRequest(f"models:{provider}:{op}", name, provider, source="models")
+        if not self._apis.policy.permits(request.id, request.name):
+            return answer(call_id, None, f"{name}: the host's policy does not permit {request.id}")
+        return self._gated(call_id, request, payload, act)
+
+    def _plan_agent(self, call_id: int, input_json: str) -> Plan:
+        """An ``agents.run``: its task, then the policy and the gate as ``agents:run``, then the runner."""
+        runner, request = self._apis.agents, AGENTS_REQUEST
+        if runner is None or not self._apis.policy.permits(request.id, request.name):
+            return answer(call_id, None, "agents.run is not available: this host runs no sub-agents")
+        if self._read_only:
+            return answer(call_id, None, "agents.run is not read-only: a restartSafe run may only call read-only tools")
+        scope = self._scope
+        try:
+            task = agent_task(_decode(input_json), scope.session_id, scope.run_id, call_id, scope.agent_run)
+        except (msgspec.DecodeError, ValueError) as e:
+            return answer(call_id, None, bounded_error(str(e)))
+
+        async def act(gated: Any) -> Any:  # (a hook may have rewritten the call's input)
+            return await run_agent(runner, agent_task(gated, scope.session_id, scope.run_id, call_id, scope.agent_run))
+
+        return self._gated(call_id, request, {"prompt": task.prompt, "options": task.options}, act)
+
+    def _gated(self, call_id: int, request: HostRequest, payload: Any, act: Callable[[Any], Awaitable[Any]]) -> Plan:
+        """A call that is no catalog tool: it passes the hook and the approval as a tool call
+        would (as ``request``), then ``act`` runs with the input they leave."""
         gate, runner = self._gate, self._runner
 
         async def run() -> Any:
             try:
                 gated = await gate.check_async(call_id, request, payload) if gate.passes(request) else payload
             except Deferred as deferred:
-                approved = functools.partial(ops, server, op, deferred.input)
+                approved = functools.partial(act, deferred.input)
                 resume = functools.partial(runner.start_coroutine, call_id, request.id, approved)
                 refuse = functools.partial(op_rejected, call_id, request.id)
                 gate.file(call_id, deferred, FiledCall(request.id, None, resume, False, refuse))
                 return FILED
-            return await ops(server, op, gated)
+            return await act(gated)
 
-        return Plan(None, lambda: runner.start_coroutine(call_id, request.id, run))
+        return Plan(request.id, lambda: runner.start_coroutine(call_id, request.id, run))

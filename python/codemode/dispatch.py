@@ -23,13 +23,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .approvals import Approvals, FiledCall
 from .call_gate import CallGate, CallScope, Gate
-from .call_planning import CallPlanner, McpOps, Plan, answer, planning_failure, subject
+from .call_planning import CallPlanner, HostApis, McpOps, Plan, answer, planning_failure, subject
 from .call_results import CallResults, error_message
 from .call_running import CallRunner
 from .protocol import CallResult
 
 if TYPE_CHECKING:
     from . import tracing
+    from .models import ModelUsage
     from .namespaces import CallTable
     from .outputs import OutputStore
     from .tools import CatalogView
@@ -68,6 +69,7 @@ class Dispatcher:
         approvals: Approvals | None = None,
         run_id: str = "",
         agent_run: str | None = None,
+        apis: HostApis | None = None,
     ) -> None:
         self.view = view
         scope = self._scope = CallScope(session_id, run_id, agent_run)
@@ -84,6 +86,7 @@ class Dispatcher:
             namespace_calls=namespace_calls,
             mcp_ops=mcp_ops,
             read_only=read_only,
+            apis=apis,
         )
         #: Namespace calls arrive under a marker id; this maps their call ids to the real tool.
         self.resolved: dict[int, str] = {}
@@ -91,6 +94,11 @@ class Dispatcher:
     @property
     def session_id(self) -> str:
         return self._scope.session_id
+
+    @property
+    def model_usage(self) -> ModelUsage:
+        """What the run's ``models.classify``/``generateImages`` calls used so far."""
+        return self._planner.model_usage
 
     @property
     def parent(self) -> str:

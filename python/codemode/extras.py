@@ -32,6 +32,7 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "pydantic_ai": "pydantic-ai",
     "langchain_core": "langchain",
     "anthropic": "anthropic",
+    "openai": "openai",
     "ray": "ray",
 }
 

@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from . import catalog
 from .approvals import ApprovalRequest, call_number
 from .config import CodeModeConfig
@@ -45,6 +47,8 @@ if TYPE_CHECKING:
 __all__ = ["MAX_REASON_CHARS", "LiveRuns"]
 
 _log = logging.getLogger(__name__)
+#: The output kinds of Swarm's ``phase`` and ``log`` (engine.rs `OutputKind`), as trace events.
+_PROGRESS_KINDS = {8: "phase", 9: "log"}
 
 #: Characters of the reason a host gives when it rejects a call (it reaches the guest).
 MAX_REASON_CHARS = 1000
@@ -124,9 +128,12 @@ class LiveRuns:
     def telemetry(self, started: float, step: Step | None, run: Run | None = None) -> Telemetry:
         view = run.dispatcher.view if run is not None else self._catalog()
         counts = Counts()
+        usage = None
         if run is not None and step is not None:
             counts = run.counts
             counts.add(step)
+            used = run.dispatcher.model_usage
+            usage = msgspec.structs.replace(used) if used.operations else None
         return Telemetry(
             duration_ms=(time.perf_counter() - started) * 1000.0,
             tool_calls=counts.tool_calls,
@@ -136,12 +143,14 @@ class LiveRuns:
             catalog_size=len(view.tools),
             catalog_sources=dict(view.counts),
             model_visible_tools=[*MODEL_VISIBLE_TOOLS, *view.direct],
+            model_usage=usage,
         )
 
     def finish(self, run: Run, step: Step, started: float, kind: str) -> Result:
         """Files a suspended run or retires a finished one; builds the spec's result."""
         telemetry = self.telemetry(started, step, run)
         result = self._result(run, step, telemetry)
+        self._progress(run, step)
         self._trace.add(
             TraceEvent(
                 kind=kind,
@@ -154,6 +163,25 @@ class LiveRuns:
             )
         )
         return result
+
+    def _progress(self, run: Run, step: Step) -> None:
+        """Swarm's ``phase(name)`` and ``log(...)`` outputs of this step, as trace events (their
+        text without the output's ``[phase] ``/``[log] `` prefix), for a host showing progress."""
+        dispatcher = run.dispatcher
+        for n, (kind, text) in enumerate(step.outputs):
+            if kind in _PROGRESS_KINDS:
+                name = _PROGRESS_KINDS[kind]
+                self._trace.add(
+                    TraceEvent(
+                        kind=name,
+                        id=f"{dispatcher.parent}/{name}_{n}",
+                        session_id=dispatcher.session_id,
+                        at=Trace.now(),
+                        parent=dispatcher.parent,
+                        run_id=run.run_id,
+                        text=text.partition("] ")[2],
+                    )
+                )
 
     def _shown(self, run: Run, step: Step) -> tuple[list[Output], Any]:
         """The outputs and value a result shows: with a text budget, cut to it

@@ -29,6 +29,7 @@ import msgspec
 from . import catalog, semantic
 from ._engine import Catalog
 from .call_gate import Gate
+from .call_planning import HostApis
 from .catalog import quick_index
 from .config import CodeModeConfig
 from .dispatch import Dispatcher
@@ -67,6 +68,19 @@ guessing field names.
 Catalog (id input -> output):"""
 
 
+#: What the exec description says of ``models`` (only when the host has model providers).
+MODELS_NOTE = """
+Models: `await models.getAvailableOfType("classifier" | "image" | "chat", provider?)` lists model objects \
+({provider, id}); `await models.classify(model, {state, questions: {key: {type: "choice" | "score" | "bool", \
+instructions, criteria}}, images?})` and `await models.generateImages(model, {input: [{type: "text", text}]})` \
+resolve to results with `stopReason` ("stop" | "error" | "aborted"), `errorMessage`, and `answers` or `output` \
+(pass image parts to `image(part)`). At most 4 run at once."""
+#: What the exec description says of Swarm (only when the host runs sub-agents).
+AGENTS_NOTE = """
+Sub-agents: `await agents.run(prompt, options?)` runs one and resolves to its structured result; fan out \
+with `Promise.all`. `phase(name)` and `log(...)` report progress to the host."""
+
+
 def _provider_name(name: str) -> str:
     """Tool names providers accept: ``[A-Za-z0-9_-]{1,64}``."""
     cleaned = re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64]
@@ -88,6 +102,7 @@ class ModelSurface:
         gate: Gate,
         mcp: McpListing,
         call_ids: itertools.count[int],
+        apis: Callable[[], HostApis] = HostApis,
     ) -> None:
         self._config = config
         self._registry = registry
@@ -97,6 +112,8 @@ class ModelSurface:
         self._gate = gate
         self._mcp = mcp
         self._call_ids = call_ids
+        #: The ``models.*`` providers and agent runner cells reach now (`HostApis`).
+        self._apis = apis
         self._host_catalog: tuple[str, Catalog] | None = None
 
     def exec_description(self, *, max_index_chars: int = 4000) -> str:
@@ -117,6 +134,11 @@ class ModelSurface:
         prompts = self._namespaces.prompts(view.tools)
         if prompts:
             text += "\nNamespaces (globals in the cell):\n" + "\n".join(prompts)
+        setup = self._apis().run_setup()
+        if "models" in setup:
+            text += MODELS_NOTE
+        if "agents" in setup:
+            text += AGENTS_NOTE
         return text
 
     def model_tools(
@@ -133,7 +155,7 @@ class ModelSurface:
             for t in self._registry.all()
             if t.direct_only and t.name in view.direct
         ]
-        if not self._config.enabled or not view.tools or surface == "direct":
+        if not self._config.enabled or not (view.tools or self._apis().run_setup()) or surface == "direct":
             return [*self._direct_tools(view).values(), *direct_only]
         directory = ""
         likely_tools: list[ModelTool] = []

@@ -30,6 +30,7 @@ RESERVED_GLOBALS = frozenset(
     {
         "tools", "namespaces", "text", "json", "yield_control", "MCP", "API", "ALL_TOOLS", "console",
         "searchTools", "describeTool", "describeNamespace", "store", "load", "exit", "image",
+        "models", "agents", "phase", "log", "readOutput",
         "globalThis", "Object", "Array", "Function", "Promise", "JSON", "Math", "Date", "Error",
         "Reflect", "Proxy", "Symbol", "String", "Number", "Boolean", "BigInt", "RegExp", "Map", "Set",
         "eval", "undefined", "NaN", "Infinity",

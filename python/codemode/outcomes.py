@@ -22,6 +22,7 @@ from typing import Any, cast
 
 import msgspec
 
+from .models import ModelUsage
 from .outputs import DEFAULT_READ_CHARS
 from .protocol import bounded_bytes, utf8_len
 from .results import ExecResult
@@ -63,7 +64,7 @@ class ImageOutput(msgspec.Struct, tag="image", tag_field="type", rename="camel")
 Output = TextOutput | JsonOutput | ImageOutput
 
 
-class Telemetry(msgspec.Struct, rename="camel"):
+class Telemetry(msgspec.Struct, rename="camel", omit_defaults=True):
     duration_ms: float
     tool_calls: int
     searches: int
@@ -72,6 +73,8 @@ class Telemetry(msgspec.Struct, rename="camel"):
     catalog_size: int
     catalog_sources: dict[str, int]
     model_visible_tools: list[str]
+    #: What the run's ``models.*`` operations used so far (absent when it made none).
+    model_usage: ModelUsage | None = None
 
 
 class Completed(msgspec.Struct, tag="completed", tag_field="status", omit_defaults=True):

@@ -106,7 +106,7 @@ def _hit(patterns: Iterable[str], tool_id: str, name: str) -> bool:
 class TraceEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, rename="camel"):
     """One entry of the trace: a code-mode call (``exec``/``wait``) or a nested tool call."""
 
-    kind: str  # exec | wait | tool_call
+    kind: str  # exec | wait | tool_call | phase | log
     id: str
     session_id: str
     at: float
@@ -115,6 +115,8 @@ class TraceEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, 
     tool_id: str | None = None
     status: str | None = None
     run_id: str | None = None
+    #: A ``phase``'s name, a ``log``'s line (Swarm's progress outputs).
+    text: str | None = None
 
 
 class Trace:

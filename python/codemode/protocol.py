@@ -141,11 +141,12 @@ class Ready(msgspec.Struct, tag="ready", array_like=True):
 Status = Literal["completed", "failed", "pending"]
 FailureCode = Literal["invalid_input", "timeout", "output_limit_exceeded", "memory_limit_exceeded", "internal_error"]
 #: Output kinds: 0 text, 1 JSON, 2 log, 3 info, 4 warn, 5 error, 6 image (``mime;base64``),
-#: 7 a not-awaited notice (``[not awaited] call_1 tools.x: ...``, shown as text).
-OutputKind = Literal[0, 1, 2, 3, 4, 5, 6, 7]
+#: 7 a not-awaited notice (``[not awaited] call_1 tools.x: ...``, shown as text), 8 a Swarm
+#: ``phase(name)`` (``[phase] name``), 9 a Swarm ``log(...)`` (``[log] ...``).
+OutputKind = Literal[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
 #: The guest API that started a call: ``CallMethod`` in engine.rs (``_engine.CALL_METHODS``,
 #: pinned equal by a test), so a frame naming any other is refused.
-CallMethod = Literal["callValue", "call", "namespace", "mcp", "yield_control", "readOutput"]
+CallMethod = Literal["callValue", "call", "namespace", "mcp", "yield_control", "readOutput", "models", "agents.run"]
 #: A call as a report carries it: ``(call_id, tool, input, method)``; a replay's report has the
 #: input's `input_hash` in place of the input.
 Call = tuple[int, str, str, CallMethod]

@@ -26,6 +26,7 @@ __all__ = [
     "FailedResult",
     "ImageOutputItem",
     "JsonOutputItem",
+    "ModelUsageTelemetry",
     "OutputItem",
     "PendingToolCall",
     "ResultTelemetry",
@@ -45,7 +46,16 @@ ErrorCode = Literal[
 ]
 
 
-class ResultTelemetry(TypedDict):
+class ModelUsageTelemetry(TypedDict, total=False):
+    """What a cell's ``models.classify``/``generateImages`` calls used (as providers report it)."""
+
+    inputTokens: int
+    outputTokens: int
+    images: int
+    operations: int
+
+
+class _ResultTelemetry(TypedDict):
     durationMs: float
     toolCalls: int
     searches: int
@@ -55,6 +65,11 @@ class ResultTelemetry(TypedDict):
     #: Catalog tools per source: ``host``, ``mcp``, ``client``.
     catalogSources: dict[str, int]
     modelVisibleTools: list[str]
+
+
+class ResultTelemetry(_ResultTelemetry, total=False):
+    #: Present once the run made a ``models.*`` operation.
+    modelUsage: ModelUsageTelemetry
 
 
 class TextOutputItem(TypedDict):
@@ -81,7 +96,8 @@ class _PendingToolCall(TypedDict):
     #: ``call_<n>``: what ``approve`` takes.
     id: str
     toolId: str
-    #: The guest API that started it: ``callValue``, ``call``, ``namespace``, ``mcp``, ``readOutput``.
+    #: The guest API that started it: ``callValue``, ``call``, ``namespace``, ``mcp``, ``readOutput``,
+    #: ``models``, ``agents.run``.
     method: str
 
 

@@ -5,8 +5,9 @@ exported (``import_run``: restart-safe runs only, and nothing in the bytes is tr
 way it gets this ``CodeMode``'s own limits, a dispatcher over the catalog the policy allows now,
 and the namespaces and stored values of its session::
 
-    CellArgs ──new_run──> Journal (seed, limits, source, run setup: namespaces + store snapshot)
-                      └─> Dispatcher (catalog view, gate, outputs, approvals, MCP ops) ──> Run
+    CellArgs ──new_run──> Journal (seed, limits, source, run setup: namespaces + store snapshot
+                      │            + which of models/agents the prelude installs)
+                      └─> Dispatcher (catalog view, gate, outputs, approvals, MCP ops, HostApis) ──> Run
     bytes ──imported──> Journal.decode ──checks (cells.journal_problem)──> Run + calls to redo
     configuration() ──> Configure (limits, catalog JSON, fingerprint, semantic pack), cached
                         per catalog fingerprint: what a worker needs before it starts a run
@@ -26,6 +27,7 @@ import msgspec
 from . import _engine, semantic, tracing
 from .approvals import Approvals
 from .call_gate import Gate
+from .call_planning import HostApis
 from .cells import CellArgs, journal_problem
 from .config import BOUNDS, CodeModeConfig
 from .dispatch import Dispatcher
@@ -63,6 +65,7 @@ class RunFactory:
         mcp: McpListing,
         loop: BackgroundLoop,
         call_ids: itertools.count[int],
+        apis: Callable[[], HostApis] = HostApis,
     ) -> None:
         self._config = config
         self._catalog = catalog
@@ -73,6 +76,8 @@ class RunFactory:
         self._mcp = mcp
         self._loop = loop
         self._call_ids = call_ids
+        #: The host's ``models.*`` providers and agent runner under the policy now.
+        self._apis = apis
         self._configure: Configure | None = None
         self._configure_lock = threading.Lock()
 
@@ -125,7 +130,8 @@ class RunFactory:
         namespaces, namespace_calls = self._namespaces.build(
             view.tools, session_id=session_id, agent_run=session.agent_run, run_id=run_id
         )
-        run_setup: dict[str, Any] = {}
+        apis = self._apis()
+        run_setup: dict[str, Any] = apis.run_setup()
         if namespaces:
             run_setup["namespaces"] = namespaces
         stored = self._stored.snapshot(session_id, session.branch)
@@ -157,6 +163,7 @@ class RunFactory:
             approvals=Approvals(journal.approvals),
             run_id=run_id,
             agent_run=session.agent_run,
+            apis=apis,
         )
         run = Run(scope, journal, dispatcher, run_id)
         run.store_key = (session_id, session.branch)
@@ -239,6 +246,7 @@ class RunFactory:
             approvals=Approvals(journal.approvals),
             run_id=run_id,
             agent_run=agent_run,
+            apis=self._apis(),
         )
         run = Run(scope, journal, dispatcher, run_id)
         settled = journal.settled_ids()

@@ -28,14 +28,17 @@ from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from . import tracing
+from .agents import AgentRunner, checked_runner
 from .approvals import ApprovalRequest
 from .call_gate import Gate
+from .call_planning import HostApis
 from .config import CodeModeConfig, load_config
 from .errors import ClosedError
 from .inspection import Inspection, snapshot
 from .live_runs import LiveRuns
 from .mcp_listing import McpListing
 from .model_surface import MODEL_VISIBLE_TOOLS, ModelSurface
+from .models import ModelProvider, ModelRegistry
 from .namespaces import NamespaceRegistration, Namespaces
 from .outcomes import Completed, Failed, JsonOutput, Result, Telemetry, TextOutput, Waiting, as_json
 from .outputs import OutputStore
@@ -82,6 +85,10 @@ class CodeMode:
     processes run: here (``"local"``, the default), as actors on a Ray cluster (``"ray"``, or a
     `codemode.ray_placement.RayPlacement` for an address and actor options), or any `Placement`.
 
+    ``models`` are the providers of cells' ``models.*`` API (seed 002; `codemode.models`), and
+    ``agents`` the runner of Swarm's ``agents.run`` (seed 000; `codemode.agents`): with none,
+    cells have no ``models`` global, and no ``agents``/``phase``/``log``.
+
     With ``opentelemetry-api`` installed, each ``exec``/``wait`` is a span and each of its tool
     calls a child span (`codemode.tracing`), from ``tracer_provider`` or the global provider.
     """
@@ -99,8 +106,14 @@ class CodeMode:
         runs: str | os.PathLike[str] | None = None,
         placement: Placement | Literal["local", "ray"] | None = None,
         tracer_provider: TracerProvider | None = None,
+        models: Iterable[ModelProvider] = (),
+        agents: AgentRunner | None = None,
     ) -> None:
         self.config = load_config(config)
+        #: The ``models.*`` providers and the Swarm runner cells reach (`codemode.models`,
+        #: `codemode.agents`); checked before anything starts.
+        self._models = ModelRegistry(models)
+        self._agents = checked_runner(agents)
         self._registry = ToolRegistry()
         self._mcp = McpListing(self._registry)
         # Before anything starts (worker processes, threads): a malformed entry then fails this
@@ -144,6 +157,7 @@ class CodeMode:
             self._mcp,
             self._loop,
             call_ids,
+            self.host_apis,
         )
         shared = None
         if runs is not None:
@@ -188,6 +202,7 @@ class CodeMode:
             self._gate,
             self._mcp,
             call_ids,
+            self.host_apis,
         )
 
     # ---- MCP -----------------------------------------------------------------------------------
@@ -272,6 +287,11 @@ class CodeMode:
     def catalog(self) -> CatalogView:
         """The catalog a run would get now (policy applied, direct-only tools left out)."""
         return self._registry.view(self._policy)
+
+    def host_apis(self) -> HostApis:
+        """The ``models.*`` providers and the agent runner a run would reach now, and the policy
+        their calls pass."""
+        return HostApis(self._models if self._models else None, self._agents, self._policy)
 
     def model_visible_tools(self) -> list[str]:
         """``exec``, ``wait`` and the direct-only tools the policy allows."""

@@ -40,7 +40,7 @@ from .mcp_api import MCP_OPS, declarations, mcp_names, op_id, op_name, tool_decl
 from .policy import Policy
 
 if TYPE_CHECKING:
-    from .call_gate import McpRequest
+    from .call_gate import HostRequest
 
 __all__ = [
     "MAX_BRIDGE_BYTES",
@@ -61,11 +61,14 @@ _OWNER = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _MCP_NAME = re.compile(r"^[^\x00-\x1f\x7f]{1,128}$")
 #: Names the catalog never holds: the model-facing control tools themselves.
 CONTROL_TOOLS = frozenset({"exec", "wait", "tool_search_code", "tool_search", "tool_describe", "tool_call"})
-#: The tool ids namespace calls, ``MCP.*`` calls and ``readOutput(handle, {offset, limit})``
-#: calls (`codemode.outputs`) arrive under: the engine's (engine.rs, handed to prelude.js too).
+#: The tool ids namespace calls, ``MCP.*`` calls, ``readOutput(handle, {offset, limit})`` calls
+#: (`codemode.outputs`), ``models.*`` calls (`codemode.models`) and ``agents.run`` calls
+#: (`codemode.agents`) arrive under: the engine's (engine.rs, handed to prelude.js too).
 NAMESPACE_TOOL = _engine.NAMESPACE_TOOL
 MCP_TOOL = _engine.MCP_TOOL
 OUTPUT_TOOL = _engine.OUTPUT_TOOL
+MODELS_TOOL = _engine.MODELS_TOOL
+AGENTS_TOOL = _engine.AGENTS_TOOL
 _encode = msgspec.json.encode
 _log = logging.getLogger(__name__)
 #: Characters of an unreachable MCP server's reason in the catalog.
@@ -260,7 +263,7 @@ class CatalogView(msgspec.Struct, frozen=True, dict=True):
     #: ``Policy.approve``: patterns of the calls that wait for an approval.
     approve: tuple[str, ...] = ()
 
-    def needs_approval(self, tool: Tool | McpRequest) -> bool:
+    def needs_approval(self, tool: Tool | HostRequest) -> bool:
         """Whether a call of ``tool`` waits for an approval (its own flag, or the policy's)."""
         if tool.requires_approval:
             return True

@@ -94,6 +94,10 @@ pub const MCP_TOOL: &str = "\u{0}mcp";
 pub const NAMESPACE_TOOL: &str = "\u{0}ns";
 /// The tool id of a `readOutput(handle)` call: the host answers it from the session's outputs.
 pub const OUTPUT_TOOL: &str = "\u{0}out";
+/// The tool id of a `models.*` call (seed 002): the host answers it from its model providers.
+pub const MODELS_TOOL: &str = "\u{0}models";
+/// The tool id of an `agents.run(prompt, options)` call (Swarm): the host runs a sub-agent.
+pub const AGENTS_TOOL: &str = "\u{0}agents";
 
 /// Identifies the prelude (FNV-1a 64 of its source): a journal replays only on the same one.
 pub fn prelude_hash() -> u64 {
@@ -203,6 +207,10 @@ pub enum OutputKind {
     /// The prelude's diagnostic for a bridge call's Promise the cell did not await (found in its
     /// value, an output or a call's input, or used as a string): which call, and where.
     NotAwaited = 7,
+    /// Swarm's `phase(name)`: where a fan-out is, for the host to show progress.
+    Phase = 8,
+    /// Swarm's `log(...)`: a progress line.
+    Progress = 9,
 }
 
 impl OutputKind {
@@ -212,6 +220,8 @@ impl OutputKind {
             OutputKind::Warn => "[warn] ",
             OutputKind::Error => "[error] ",
             OutputKind::NotAwaited => "[not awaited] ",
+            OutputKind::Phase => "[phase] ",
+            OutputKind::Progress => "[log] ",
             _ => "",
         }
     }
@@ -241,6 +251,8 @@ impl OutputKind {
             5 => OutputKind::Error,
             6 => OutputKind::Image,
             7 => OutputKind::NotAwaited,
+            8 => OutputKind::Phase,
+            9 => OutputKind::Progress,
             _ => return None,
         })
     }
@@ -280,17 +292,23 @@ pub enum CallMethod {
     Yield,
     /// `readOutput(handle, {offset, limit})`: a cut output's full text, kept by the host.
     ReadOutput,
+    /// `models.getModelsOfType(...)`, `models.classify(...)` and the other `models.*` calls.
+    Models,
+    /// `agents.run(prompt, options)`: one sub-agent.
+    Agents,
 }
 
 impl CallMethod {
     /// Every method, in the order `CALL_METHODS` lists them.
-    pub const ALL: [CallMethod; 6] = [
+    pub const ALL: [CallMethod; 8] = [
         CallMethod::CallValue,
         CallMethod::Call,
         CallMethod::Namespace,
         CallMethod::Mcp,
         CallMethod::Yield,
         CallMethod::ReadOutput,
+        CallMethod::Models,
+        CallMethod::Agents,
     ];
 
     /// The name the prelude passes and the host reports.
@@ -302,6 +320,8 @@ impl CallMethod {
             CallMethod::Mcp => "mcp",
             CallMethod::Yield => "yield_control",
             CallMethod::ReadOutput => "readOutput",
+            CallMethod::Models => "models",
+            CallMethod::Agents => "agents.run",
         }
     }
 
@@ -969,6 +989,8 @@ fn install_prelude<'js>(
     host.set("mcpTool", MCP_TOOL)?;
     host.set("namespaceTool", NAMESPACE_TOOL)?;
     host.set("outputTool", OUTPUT_TOOL)?;
+    host.set("modelsTool", MODELS_TOOL)?;
+    host.set("agentsTool", AGENTS_TOOL)?;
     host.set(
         "checkDepth",
         Function::new(ctx.clone(), move |ctx: Ctx<'js>, what: String, json: String| -> rquickjs::Result<()> {

@@ -18,7 +18,7 @@ mod web;
 pub use catalog::Catalog;
 pub use engine::{
     prelude_hash, CallMethod, ClockRun, Engine, EngineError, ErrorCode, Failure, Outcome, Output, OutputKind,
-    Settlement, Status, ToolCall, MCP_TOOL, NAMESPACE_TOOL, OUTPUT_TOOL, YIELD_TOOL,
+    Settlement, Status, ToolCall, AGENTS_TOOL, MCP_TOOL, MODELS_TOOL, NAMESPACE_TOOL, OUTPUT_TOOL, YIELD_TOOL,
 };
 pub use frontend::Language;
 pub use limits::Limits;

@@ -50,6 +50,8 @@
   const MCP_TOOL = host.mcpTool;
   const NAMESPACE_TOOL = host.namespaceTool;
   const OUTPUT_TOOL = host.outputTool;
+  const MODELS_TOOL = host.modelsTool;
+  const AGENTS_TOOL = host.agentsTool;
   const MAX_ERROR_CHARS = 4096;
 
   function push(array, value) {
@@ -365,6 +367,8 @@
   const VIA_MCP = "mcp";
   const VIA_YIELD = "yield_control";
   const VIA_OUTPUT = "readOutput";
+  const VIA_MODELS = "models";
+  const VIA_AGENTS = "agents.run";
 
   function rejected(error) {
     return ReflectApply(PromiseReject, PromiseCtor, [error]);
@@ -688,9 +692,242 @@
     hostEmit(6, mime + ";" + data);
   }
 
+  // ---- models (seed 002), installed only when the host has model providers -------------------
+  // Every operation is a bridge call the host answers from its providers. A model is named by
+  // its catalog provider and id alone: nothing else of the object leaves (no endpoint, no key).
+  // Arguments are checked here, before any provider is asked; at most MAX_MODEL_OPS classify and
+  // image operations run at once, the rest queue in this closure (linked, never in an array a
+  // guest setter on `Array.prototype` could reach), so a replay makes the same calls in order.
+  const MODEL_TYPES = ObjectFreeze({ __proto__: null, chat: true, image: true, classifier: true });
+  const QUESTION_TYPES = ObjectFreeze({ __proto__: null, choice: true, score: true, bool: true });
+  const MODEL_FIELDS = ObjectFreeze({ __proto__: null, provider: true, id: true, type: true, name: true });
+  const MAX_MODEL_OPS = 4;
+  const MAX_QUESTIONS = 64;
+  const MAX_CRITERIA = 64;
+  const MAX_PARTS = 64;
+  let modelOps = 0;
+  let modelHead = null;
+  let modelTail = null;
+
+  function isRecord(value) {
+    return value !== null && typeof value === "object" && !ArrayIsArray(value);
+  }
+  function modelType(fn, type) {
+    if (typeof type !== "string" || !ObjectHasOwn(MODEL_TYPES, type)) {
+      throw new TypeErrorCtor("models." + fn + ': type must be "chat", "image" or "classifier"');
+    }
+    return type;
+  }
+  function providerName(fn, provider) {
+    if (provider !== undefined && typeof provider !== "string") throw new TypeErrorCtor("models." + fn + ": provider must be a string");
+    return provider;
+  }
+  function modelsCall(fn, request) {
+    const record = callRecord("models." + fn, "");
+    return hostCall(MODELS_TOOL, toJson(request, record), VIA_MODELS, record);
+  }
+  async function getModelsOfType(type, provider) {
+    const fn = "getModelsOfType(type, provider?)";
+    const request = { op: "list", type: modelType(fn, type), provider: providerName(fn, provider), available: false };
+    return deepFreeze(await modelsCall("getModelsOfType", request));
+  }
+  async function getAvailableOfType(type, provider) {
+    const fn = "getAvailableOfType(type, provider?)";
+    const request = { op: "list", type: modelType(fn, type), provider: providerName(fn, provider), available: true };
+    return deepFreeze(await modelsCall("getAvailableOfType", request));
+  }
+  async function getModelOfType(type, provider, id) {
+    const fn = "getModelOfType(type, provider, id)";
+    modelType(fn, type);
+    if (typeof provider !== "string" || typeof id !== "string") {
+      throw new TypeErrorCtor("models." + fn + ": provider and id are two separate strings");
+    }
+    const listed = await modelsCall("getModelOfType", { op: "list", type, provider, available: false });
+    for (let i = 0; i < listed.length; i++) if (listed[i].id === id) return deepFreeze(listed[i]);
+    return undefined;
+  }
+
+  /// The `{provider, id}` a model object names; what else it holds may only be what a listing gives.
+  function modelRef(fn, model, type) {
+    if (typeof model === "string") {
+      throw new TypeErrorCtor("models." + fn + ': model is a model object from models.getAvailableOfType("' + type + '"), not a joined "provider/id" string');
+    }
+    if (!isRecord(model) || typeof model.provider !== "string" || typeof model.id !== "string") {
+      throw new TypeErrorCtor("models." + fn + ": model must be a model object with the catalog's provider and id");
+    }
+    const keys = ObjectKeys(model);
+    for (let i = 0; i < keys.length; i++) {
+      if (!ObjectHasOwn(MODEL_FIELDS, keys[i])) {
+        throw new TypeErrorCtor("models." + fn + ": a model is named by its provider and id only; " + JsonStringify(keys[i]) + " is not a model field (no custom endpoints)");
+      }
+    }
+    if (model.type !== undefined && model.type !== type) {
+      throw new TypeErrorCtor("models." + fn + ": " + JsonStringify(model.id) + " is a " + StringCtor(model.type) + " model, not a " + type + " model");
+    }
+    return { provider: model.provider, id: model.id };
+  }
+  function imageBlock(where, block) {
+    if (!isRecord(block) || block.type !== "image" || typeof block.mimeType !== "string" || typeof block.data !== "string" ||
+        ReflectApply(RegExpExec, IMAGE, ["data:" + block.mimeType + ";base64," + block.data]) === null) {
+      throw new TypeErrorCtor(where + " must be a base64 image block {type: \"image\", mimeType, data} of a PNG, JPEG, GIF or WebP image");
+    }
+    return { type: "image", mimeType: block.mimeType, data: block.data };
+  }
+  function criteriaText(where, value) {
+    if (typeof value !== "string" || value.length === 0) throw new TypeErrorCtor(where + " must be a non-empty string");
+    return value;
+  }
+  const CRITERIA_SHAPE = ObjectFreeze({
+    __proto__: null,
+    choice: "an object of labels and what each means",
+    score: "the levels from low to high (an array of at least 2, or an object of level -> meaning)",
+    bool: 'what "true" and "false" mean: {true: "...", false: "..."}',
+  });
+  function checkedCriteria(where, type, criteria) {
+    const shape = where + ": criteria must be " + CRITERIA_SHAPE[type];
+    if (type === "score" && ArrayIsArray(criteria)) {
+      if (criteria.length < 2 || criteria.length > MAX_CRITERIA) throw new TypeErrorCtor(shape);
+      const levels = [];
+      for (let i = 0; i < criteria.length; i++) ObjectDefineProperty(levels, i, { value: criteriaText(where + ": level " + i, criteria[i]), enumerable: true, writable: true, configurable: true });
+      return levels;
+    }
+    if (!isRecord(criteria)) throw new TypeErrorCtor(shape);
+    const keys = ObjectKeys(criteria);
+    const least = type === "choice" ? 1 : 2;
+    if (keys.length < least || keys.length > MAX_CRITERIA) throw new TypeErrorCtor(shape);
+    if (type === "bool" && (keys.length !== 2 || !ObjectHasOwn(criteria, "true") || !ObjectHasOwn(criteria, "false"))) throw new TypeErrorCtor(shape);
+    const out = ObjectCreate(null);
+    for (let i = 0; i < keys.length; i++) out[keys[i]] = criteriaText(where + ": criteria " + JsonStringify(keys[i]), criteria[keys[i]]);
+    return out;
+  }
+  function checkedQuestions(fn, questions) {
+    const keys = isRecord(questions) ? ObjectKeys(questions) : [];
+    if (keys.length === 0 || keys.length > MAX_QUESTIONS) {
+      throw new TypeErrorCtor("models." + fn + ": context.questions must be a non-empty object of questions (at most " + MAX_QUESTIONS + ")");
+    }
+    const out = ObjectCreate(null);
+    for (let i = 0; i < keys.length; i++) {
+      const where = "models." + fn + ": question " + JsonStringify(keys[i]);
+      const question = questions[keys[i]];
+      if (!isRecord(question)) throw new TypeErrorCtor(where + " must be an object {instructions, type, criteria}");
+      const instructions = criteriaText(where + ": instructions", question.instructions);
+      const type = question.type;
+      if (typeof type !== "string" || !ObjectHasOwn(QUESTION_TYPES, type)) throw new TypeErrorCtor(where + ': type must be "choice", "score" or "bool"');
+      out[keys[i]] = { instructions, type, criteria: checkedCriteria(where, type, question.criteria) };
+    }
+    return out;
+  }
+  function checkedImages(fn, images) {
+    if (images === undefined) return [];
+    if (!ArrayIsArray(images) || images.length > MAX_PARTS) throw new TypeErrorCtor("models." + fn + ": context.images must be an array of base64 image blocks");
+    const out = [];
+    for (let i = 0; i < images.length; i++) ObjectDefineProperty(out, i, { value: imageBlock("models." + fn + ": context.images[" + i + "]", images[i]), enumerable: true, writable: true, configurable: true });
+    return out;
+  }
+  function classifyRequest(model, context) {
+    const fn = "classify(model, context)";
+    const ref = modelRef(fn, model, "classifier");
+    if (!isRecord(context)) throw new TypeErrorCtor("models." + fn + ": context must be an object {state, questions, images?}");
+    if (!isRecord(context.state)) throw new TypeErrorCtor("models." + fn + ": context.state must be an object");
+    const questions = checkedQuestions(fn, context.questions);
+    const images = checkedImages(fn, context.images);
+    return { op: "classify", provider: ref.provider, id: ref.id, context: { state: context.state, questions, images } };
+  }
+  function imagesRequest(model, context) {
+    const fn = "generateImages(model, context)";
+    const ref = modelRef(fn, model, "image");
+    const input = isRecord(context) ? context.input : undefined;
+    if (!ArrayIsArray(input) || input.length === 0 || input.length > MAX_PARTS) {
+      throw new TypeErrorCtor("models." + fn + ': context must be {input: [{type: "text", text}, ...]} (base64 image blocks as references)');
+    }
+    const parts = [];
+    let texts = 0;
+    for (let i = 0; i < input.length; i++) {
+      const part = input[i];
+      const where = "models." + fn + ": input[" + i + "]";
+      let item;
+      if (isRecord(part) && part.type === "text") {
+        item = { type: "text", text: criteriaText(where + ".text", part.text) };
+        texts++;
+      } else {
+        item = imageBlock(where, part);
+      }
+      ObjectDefineProperty(parts, i, { value: item, enumerable: true, writable: true, configurable: true });
+    }
+    if (texts === 0) throw new TypeErrorCtor("models." + fn + ": input needs at least one {type: \"text\", text} part");
+    return { op: "images", provider: ref.provider, id: ref.id, context: { input: parts } };
+  }
+  function queueModelOp(start) {
+    const entry = { __proto__: null, start, next: null };
+    if (modelTail === null) modelHead = entry;
+    else modelTail.next = entry;
+    modelTail = entry;
+  }
+  /// Runs one classify or image call once fewer than MAX_MODEL_OPS run (a finishing one hands its
+  /// slot to the oldest queued).
+  async function modelOp(fn, request) {
+    if (modelOps >= MAX_MODEL_OPS) await new PromiseCtor(queueModelOp);
+    else modelOps++;
+    try {
+      return await modelsCall(fn, request);
+    } finally {
+      const next = modelHead;
+      if (next === null) {
+        modelOps--;
+      } else {
+        modelHead = next.next;
+        if (modelHead === null) modelTail = null;
+        next.start();
+      }
+    }
+  }
+  async function classify(model, context) {
+    return modelOp("classify", classifyRequest(model, context));
+  }
+  async function generateImages(model, context) {
+    return modelOp("generateImages", imagesRequest(model, context));
+  }
+  function installModels() {
+    const models = ObjectFreeze({
+      getModelsOfType: labeled("models.getModelsOfType", getModelsOfType),
+      getAvailableOfType: labeled("models.getAvailableOfType", getAvailableOfType),
+      getModelOfType: labeled("models.getModelOfType", getModelOfType),
+      classify: labeled("models.classify", classify),
+      generateImages: labeled("models.generateImages", generateImages),
+    });
+    ObjectDefineProperty(G, "models", { value: models, enumerable: false });
+  }
+
+  // ---- Swarm: agents.run, phase, log (seed 000), installed only when the host runs sub-agents --
+  // `agents.run` is a bridge call like a tool's (the host's gate, trace, maxPendingToolCalls,
+  // suspend and `wait`, journal replay); `phase` and `log` are outputs the host shows as progress.
+  const PHASE = 8;
+  const PROGRESS = 9;
+  function agentsRun(prompt, options) {
+    if (typeof prompt !== "string" || prompt.length === 0) {
+      return rejected(new TypeErrorCtor("agents.run(prompt, options?): prompt must be a non-empty string"));
+    }
+    if (options !== undefined && !isRecord(options)) {
+      return rejected(new TypeErrorCtor("agents.run(prompt, options?): options must be an object"));
+    }
+    const record = callRecord("agents.run", "");
+    return hostCall(AGENTS_TOOL, toJson(options === undefined ? { prompt } : { prompt, options }, record), VIA_AGENTS, record);
+  }
+  function phase(name) {
+    if (typeof name !== "string" || name.length === 0) throw new TypeErrorCtor("phase(name): name must be a non-empty string");
+    hostEmit(PHASE, name);
+  }
+  function installAgents() {
+    ObjectDefineProperty(G, "agents", { value: ObjectFreeze({ run: agentsRun }), enumerable: false });
+    ObjectDefineProperty(G, "phase", { value: phase, enumerable: false });
+    ObjectDefineProperty(G, "log", { value: logger(PROGRESS, "log"), enumerable: false });
+  }
+
   function installRun(json) {
     const run = JsonParse(json);
     if (run.namespaces) installNamespaces(run.namespaces);
+    if (run.models === true) installModels();
+    if (run.agents === true) installAgents();
     if (run.store) {
       committed = run.store;
       const keys = ObjectKeys(committed);

@@ -236,6 +236,8 @@ fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MCP_TOOL", codemode_engine::MCP_TOOL)?;
     m.add("NAMESPACE_TOOL", codemode_engine::NAMESPACE_TOOL)?;
     m.add("OUTPUT_TOOL", codemode_engine::OUTPUT_TOOL)?;
+    m.add("MODELS_TOOL", codemode_engine::MODELS_TOOL)?;
+    m.add("AGENTS_TOOL", codemode_engine::AGENTS_TOOL)?;
     m.add("DEFAULT_LIMITS", Limits::from(InnerLimits::default()))?;
     m.add("CALL_METHODS", pyo3::types::PyTuple::new(m.py(), CallMethod::ALL.map(CallMethod::as_str))?)?;
     m.add("MAX_NESTING", codemode_engine::nesting::MAX_NESTING)?;
@@ -245,6 +247,7 @@ fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add(
         "__all__",
         [
+            "AGENTS_TOOL",
             "CALL_METHODS",
             "DEFAULT_LIMITS",
             "MAX_BRIDGE_BYTES",
@@ -252,6 +255,7 @@ fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
             "MAX_REPORT_BYTES",
             "MAX_VALUE_DEPTH",
             "MCP_TOOL",
+            "MODELS_TOOL",
             "NAMESPACE_TOOL",
             "OUTPUT_TOOL",
             "PRELUDE_HASH",
