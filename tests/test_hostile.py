@@ -399,7 +399,7 @@ def test_hostile_values_in_a_report_discard_the_worker(monkeypatch, change) -> N
     [
         {"status": "done"},
         {"failure": ("root_access", "Error", "m", "")},
-        {"outputs": [(9, "x")]},
+        {"outputs": [(10, "x")]},
     ],
     ids=["unknown_status", "unknown_failure_code", "unknown_output_kind"],
 )
