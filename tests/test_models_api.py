@@ -612,3 +612,34 @@ return [a.answers.q, b.answers.q]"""
         assert result["status"] == "completed" and result["value"] == [True, True], result
         assert not set(killed) & set(own.inspect().worker_pids)  # the run's runtime was rebuilt elsewhere
     assert [c[2].state["n"] for c in held.calls] == [1, 2]  # each asked once, the replay served the first
+
+
+def test_a_model_or_image_whose_getters_change_is_read_once(cm, provider):
+    code = (
+        Q
+        + f"""let reads = 0;
+const sneaky = {{get provider() {{ return reads++ === 0 ? "acme" : "elsewhere" }}, id: "judge-1"}};
+let seen = 0;
+const img = {{type: "image", get mimeType() {{ return seen++ === 0 ? "image/png" : "text/html" }}, data: "{PNG}"}};
+return (await models.classify(sneaky, {{state: {{}}, questions: {{q: Q}}, images: [img]}})).stopReason"""
+    )
+    assert value(cm, code) == "stop"
+    ((_, model, request),) = provider.calls
+    assert model.provider == "acme" and request.images[0].mime_type == "image/png"
+
+
+def test_a_hook_rewrite_is_checked_again_in_the_host(provider):
+    from codemode import Rewrite
+
+    def hook(event: Any) -> Any:
+        context = dict(event.input["context"])
+        if event.name == "models.classify":
+            context["questions"] = {"q": {**BOOL_QUESTION, "criteria": {"yes": "y"}}}
+        else:
+            context["input"] = [{"type": "image", "mimeType": "text/html", "data": "PGI+"}]
+        return Rewrite({**event.input, "context": context})
+
+    with CodeMode({"enabled": True, "workers": 1}, models=[provider], before_tool_call=hook) as cm:
+        assert "question 'q' has no criteria of the shape a bool question needs" in error(cm, CLASSIFY_ONE)
+        assert "models: malformed request" in error(cm, DRAW_ONE)
+    assert provider.calls == []

@@ -25,7 +25,7 @@ import asyncio
 import inspect
 import threading
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
 import msgspec
 
@@ -72,8 +72,8 @@ class Model(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 class ImageBlock(msgspec.Struct, frozen=True, tag="image", tag_field="type", rename="camel"):
     """A base64 PNG, JPEG, GIF or WebP image (what ``image(part)`` takes in a cell)."""
 
-    mime_type: str
-    data: str
+    mime_type: Annotated[str, msgspec.Meta(pattern=r"^image/(png|jpeg|gif|webp)$")]
+    data: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9+/]+={0,2}$")]
 
 
 class TextBlock(msgspec.Struct, frozen=True, tag="text", tag_field="type"):

@@ -752,7 +752,10 @@
     if (typeof model === "string") {
       throw new TypeErrorCtor("models." + fn + ': model is a model object from models.getAvailableOfType("' + type + '"), not a joined "provider/id" string');
     }
-    if (!isRecord(model) || typeof model.provider !== "string" || typeof model.id !== "string") {
+    // Each field is read once: a getter cannot pass the check with one value and send another.
+    const provider = isRecord(model) ? model.provider : undefined;
+    const id = isRecord(model) ? model.id : undefined;
+    if (typeof provider !== "string" || typeof id !== "string") {
       throw new TypeErrorCtor("models." + fn + ": model must be a model object with the catalog's provider and id");
     }
     const keys = ObjectKeys(model);
@@ -761,17 +764,21 @@
         throw new TypeErrorCtor("models." + fn + ": a model is named by its provider and id only; " + JsonStringify(keys[i]) + " is not a model field (no custom endpoints)");
       }
     }
-    if (model.type !== undefined && model.type !== type) {
-      throw new TypeErrorCtor("models." + fn + ": " + JsonStringify(model.id) + " is a " + StringCtor(model.type) + " model, not a " + type + " model");
+    const given = model.type;
+    if (given !== undefined && given !== type) {
+      throw new TypeErrorCtor("models." + fn + ": " + JsonStringify(id) + " is a " + StringCtor(given) + " model, not a " + type + " model");
     }
-    return { provider: model.provider, id: model.id };
+    return { provider, id };
   }
   function imageBlock(where, block) {
-    if (!isRecord(block) || block.type !== "image" || typeof block.mimeType !== "string" || typeof block.data !== "string" ||
-        ReflectApply(RegExpExec, IMAGE, ["data:" + block.mimeType + ";base64," + block.data]) === null) {
+    const record = isRecord(block);
+    const mimeType = record ? block.mimeType : undefined;
+    const data = record ? block.data : undefined;
+    if (!record || block.type !== "image" || typeof mimeType !== "string" || typeof data !== "string" ||
+        ReflectApply(RegExpExec, IMAGE, ["data:" + mimeType + ";base64," + data]) === null) {
       throw new TypeErrorCtor(where + " must be a base64 image block {type: \"image\", mimeType, data} of a PNG, JPEG, GIF or WebP image");
     }
-    return { type: "image", mimeType: block.mimeType, data: block.data };
+    return { type: "image", mimeType, data };
   }
   function criteriaText(where, value) {
     if (typeof value !== "string" || value.length === 0) throw new TypeErrorCtor(where + " must be a non-empty string");
@@ -828,10 +835,11 @@
     const fn = "classify(model, context)";
     const ref = modelRef(fn, model, "classifier");
     if (!isRecord(context)) throw new TypeErrorCtor("models." + fn + ": context must be an object {state, questions, images?}");
-    if (!isRecord(context.state)) throw new TypeErrorCtor("models." + fn + ": context.state must be an object");
+    const state = context.state;
+    if (!isRecord(state)) throw new TypeErrorCtor("models." + fn + ": context.state must be an object");
     const questions = checkedQuestions(fn, context.questions);
     const images = checkedImages(fn, context.images);
-    return { op: "classify", provider: ref.provider, id: ref.id, context: { state: context.state, questions, images } };
+    return { op: "classify", provider: ref.provider, id: ref.id, context: { state, questions, images } };
   }
   function imagesRequest(model, context) {
     const fn = "generateImages(model, context)";
