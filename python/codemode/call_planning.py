@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from .namespaces import CallTable
     from .tools import CatalogView, Tool
 
-__all__ = ["CallPlanner", "HostApis", "McpOps", "Plan", "planning_failure", "subject", "unknown_tool"]
+__all__ = ["NO_HOST_APIS", "CallPlanner", "HostApis", "McpOps", "Plan", "planning_failure", "subject", "unknown_tool"]
 
 McpOps = Callable[[str, str, Any], Awaitable[Any]]
 _encode = msgspec.json.encode
@@ -70,23 +70,29 @@ class Plan(NamedTuple):
     inline: bool = False
 
 
-class HostApis(NamedTuple):
+class HostApis:
     """What a run's ``models.*`` and ``agents.run`` calls reach in the host (None: no such global
-    in its cells), and the policy their gated calls pass."""
+    in its cells), and the policy their gated calls pass. Built once per policy: every run reads it."""
 
-    models: ModelRegistry | None = None
-    agents: AgentRunner | None = None
-    policy: Policy = Policy()
+    __slots__ = ("agents", "models", "policy", "setup")
 
-    def run_setup(self) -> dict[str, bool]:
-        """What the run's setup says the prelude installs (``models``, ``agents``/``phase``/``log``)."""
-        setup = {}
-        if self.models:
-            setup["models"] = True
-        if self.agents is not None and self.policy.permits(AGENTS_REQUEST.id, AGENTS_REQUEST.name):
-            setup["agents"] = True
-        return setup
+    def __init__(
+        self, models: ModelRegistry | None = None, agents: AgentRunner | None = None, policy: Policy | None = None
+    ) -> None:
+        self.models = models if models else None
+        self.policy = policy or Policy()
+        permitted = agents is not None and self.policy.permits(AGENTS_REQUEST.id, AGENTS_REQUEST.name)
+        self.agents = agents if permitted else None
+        #: What the run's setup says the prelude installs (``models``, ``agents``/``phase``/``log``).
+        self.setup: dict[str, bool] = {}
+        if self.models is not None:
+            self.setup["models"] = True
+        if self.agents is not None:
+            self.setup["agents"] = True
 
+
+#: A run with no host-backed APIs (the host registers none).
+NO_HOST_APIS = HostApis()
 
 #: The ``models.*`` operations that reach a provider: the request each is gated as.
 _MODEL_OPS = {"classify": "models.classify", "images": "models.generateImages"}
@@ -187,9 +193,9 @@ class CallPlanner:
         self._mcp_ops = mcp_ops
         #: Restart-safe runs may only call read-only tools (they may be redone after a restart).
         self._read_only = read_only
-        self._apis = apis or HostApis()
-        #: What this run's model operations used (its telemetry's ``modelUsage``).
-        self.model_usage = ModelUsage()
+        self._apis = apis or NO_HOST_APIS
+        #: What this run's model operations used (its telemetry's ``modelUsage``); None until one.
+        self.model_usage: ModelUsage | None = None
 
     def plan(self, call_id: int, tool_id: str, input_json: str) -> Plan:
         """How one call starts (nothing is started or recorded here); `submit` guards it. Each
@@ -335,6 +341,8 @@ class CallPlanner:
             op = payload.get("op")
         except (msgspec.DecodeError, AttributeError):
             return answer(call_id, None, "malformed models call")
+        if self.model_usage is None:
+            self.model_usage = ModelUsage()
         act = functools.partial(registry.answer, usage=self.model_usage)
         name = _MODEL_OPS.get(op)
         if name is None:
@@ -349,7 +357,7 @@ class CallPlanner:
     def _plan_agent(self, call_id: int, input_json: str) -> Plan:
         """An ``agents.run``: its task, then the policy and the gate as ``agents:run``, then the runner."""
         runner, request = self._apis.agents, AGENTS_REQUEST
-        if runner is None or not self._apis.policy.permits(request.id, request.name):
+        if runner is None:
             return answer(call_id, None, "agents.run is not available: this host runs no sub-agents")
         if self._read_only:
             return answer(call_id, None, "agents.run is not read-only: a restartSafe run may only call read-only tools")

@@ -96,8 +96,8 @@ class Dispatcher:
         return self._scope.session_id
 
     @property
-    def model_usage(self) -> ModelUsage:
-        """What the run's ``models.classify``/``generateImages`` calls used so far."""
+    def model_usage(self) -> ModelUsage | None:
+        """What the run's ``models.classify``/``generateImages`` calls used so far (None: none yet)."""
         return self._planner.model_usage
 
     @property

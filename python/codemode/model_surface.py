@@ -29,7 +29,7 @@ import msgspec
 from . import catalog, semantic
 from ._engine import Catalog
 from .call_gate import Gate
-from .call_planning import HostApis
+from .call_planning import NO_HOST_APIS, HostApis
 from .catalog import quick_index
 from .config import CodeModeConfig
 from .dispatch import Dispatcher
@@ -102,7 +102,7 @@ class ModelSurface:
         gate: Gate,
         mcp: McpListing,
         call_ids: itertools.count[int],
-        apis: Callable[[], HostApis] = HostApis,
+        apis: Callable[[], HostApis] = lambda: NO_HOST_APIS,
     ) -> None:
         self._config = config
         self._registry = registry
@@ -134,7 +134,7 @@ class ModelSurface:
         prompts = self._namespaces.prompts(view.tools)
         if prompts:
             text += "\nNamespaces (globals in the cell):\n" + "\n".join(prompts)
-        setup = self._apis().run_setup()
+        setup = self._apis().setup
         if "models" in setup:
             text += MODELS_NOTE
         if "agents" in setup:
@@ -155,7 +155,7 @@ class ModelSurface:
             for t in self._registry.all()
             if t.direct_only and t.name in view.direct
         ]
-        if not self._config.enabled or not (view.tools or self._apis().run_setup()) or surface == "direct":
+        if not self._config.enabled or not (view.tools or self._apis().setup) or surface == "direct":
             return [*self._direct_tools(view).values(), *direct_only]
         directory = ""
         likely_tools: list[ModelTool] = []

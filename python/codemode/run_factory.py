@@ -27,7 +27,7 @@ import msgspec
 from . import _engine, semantic, tracing
 from .approvals import Approvals
 from .call_gate import Gate
-from .call_planning import HostApis
+from .call_planning import NO_HOST_APIS, HostApis
 from .cells import CellArgs, journal_problem
 from .config import BOUNDS, CodeModeConfig
 from .dispatch import Dispatcher
@@ -65,7 +65,7 @@ class RunFactory:
         mcp: McpListing,
         loop: BackgroundLoop,
         call_ids: itertools.count[int],
-        apis: Callable[[], HostApis] = HostApis,
+        apis: Callable[[], HostApis] = lambda: NO_HOST_APIS,
     ) -> None:
         self._config = config
         self._catalog = catalog
@@ -131,7 +131,7 @@ class RunFactory:
             view.tools, session_id=session_id, agent_run=session.agent_run, run_id=run_id
         )
         apis = self._apis()
-        run_setup: dict[str, Any] = apis.run_setup()
+        run_setup: dict[str, Any] = dict(apis.setup) if apis.setup else {}
         if namespaces:
             run_setup["namespaces"] = namespaces
         stored = self._stored.snapshot(session_id, session.branch)

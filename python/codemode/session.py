@@ -31,7 +31,7 @@ from . import tracing
 from .agents import AgentRunner, checked_runner
 from .approvals import ApprovalRequest
 from .call_gate import Gate
-from .call_planning import HostApis
+from .call_planning import NO_HOST_APIS, HostApis
 from .config import CodeModeConfig, load_config
 from .errors import ClosedError
 from .inspection import Inspection, snapshot
@@ -114,6 +114,7 @@ class CodeMode:
         #: `codemode.agents`); checked before anything starts.
         self._models = ModelRegistry(models)
         self._agents = checked_runner(agents)
+        self._host_apis = NO_HOST_APIS
         self._registry = ToolRegistry()
         self._mcp = McpListing(self._registry)
         # Before anything starts (worker processes, threads): a malformed entry then fails this
@@ -290,8 +291,11 @@ class CodeMode:
 
     def host_apis(self) -> HostApis:
         """The ``models.*`` providers and the agent runner a run would reach now, and the policy
-        their calls pass."""
-        return HostApis(self._models if self._models else None, self._agents, self._policy)
+        their calls pass (rebuilt when the policy changes)."""
+        apis = self._host_apis
+        if apis.policy is not self._policy:
+            apis = self._host_apis = HostApis(self._models, self._agents, self._policy)
+        return apis
 
     def model_visible_tools(self) -> list[str]:
         """``exec``, ``wait`` and the direct-only tools the policy allows."""
