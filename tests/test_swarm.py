@@ -158,7 +158,7 @@ return {count: found.length, best: best.map((r) => r.name)}"""
     assert done["status"] == "completed", done
     assert done["value"] == {"count": 16, "best": [f"topic-{'x' * i}" for i in range(7, 16)]}
     assert [o["text"] for o in done["output"]] == ["[phase] gate", "[phase] collect"]
-    assert len(runner.tasks) == 16
+    assert len(runner.tasks) == 16 and done["telemetry"]["toolCalls"] == 16
     assert research.peak == 16  # every sub-agent's tool ran at once: a fan-out, not a queue
 
 
@@ -288,3 +288,21 @@ return [...first.map((r) => r.value), second.value]"""
         assert done["value"] == [1, 2, 3]
         assert not set(killed) & set(cm.inspect().worker_pids)
     assert sorted(t.prompt for t in gated.tasks) == ["return 1", "return 2", "return 3"]  # none ran twice
+
+
+def test_each_sub_agent_is_a_tool_call_span_under_its_exec(runner):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with CodeMode({"enabled": True, "workers": 1}, agents=runner, tracer_provider=provider) as cm:
+        result = run(cm, 'return (await Promise.all([agents.run("return 1"), agents.run("return 2")])).length')
+        assert result["value"] == 2 and result["telemetry"]["toolCalls"] == 2
+    spans = exporter.get_finished_spans()
+    (exec_span,) = [s for s in spans if s.name == "codemode.exec"]
+    calls = [s for s in spans if s.name == "codemode.tool_call"]
+    assert [c.attributes["codemode.tool_id"] for c in calls] == ["agents:run", "agents:run"]
+    assert {c.parent.span_id for c in calls if c.parent is not None} == {exec_span.context.span_id}
