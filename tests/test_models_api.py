@@ -530,6 +530,8 @@ return [a.stopReason, b.stopReason]"""
         }
         plain = s.exec({"code": "return 1"})
         assert "modelUsage" not in plain["telemetry"]
+        listing = s.exec({"code": 'return (await models.getModelsOfType("image")).length'})
+        assert listing["value"] == 1 and "modelUsage" not in listing["telemetry"]  # no operation yet
 
 
 def test_classify_passes_the_hook_as_a_call_of_models_provider_classify(provider):

@@ -133,7 +133,7 @@ class LiveRuns:
             counts = run.counts
             counts.add(step)
             used = run.dispatcher.model_usage
-            usage = None if used is None else msgspec.structs.replace(used)
+            usage = None if used is None or not used.operations else msgspec.structs.replace(used)
         return Telemetry(
             duration_ms=(time.perf_counter() - started) * 1000.0,
             tool_calls=counts.tool_calls,
