@@ -112,6 +112,9 @@ fn serve() -> Result<(), Fatal> {
         let frame: HostFrame = protocol::decode(reader.body(len))?;
         reader.consume(len);
         let settle = matches!(frame, HostFrame::Settle(_));
+        // SAFETY: as for `idle` above: the last reply was sent and dropped, and the frame was
+        // decoded outside any arena.
+        unsafe { worker.prepare(&frame) };
         let reply = worker.handle(frame);
         if let Some(reply) = &reply {
             send(reply)?;

@@ -279,6 +279,18 @@ impl Worker {
         WorkerFrame::Report(report)
     }
 
+    /// Before a frame that starts a run (`Start`, `Replay`): a finished heap reset for it if none
+    /// is ready (the idle work that would have done it may have been put off by a grace).
+    ///
+    /// # Safety
+    /// The contract of `idle`.
+    pub unsafe fn prepare(&mut self, frame: &HostFrame) {
+        if matches!(frame, HostFrame::Start(_) | HostFrame::Replay(_)) {
+            // SAFETY: the caller's contract is the pool's.
+            unsafe { self.pool.reuse_finished() };
+        }
+    }
+
     pub fn has_idle_work(&self) -> bool {
         self.pool.has_idle_work(self.config.is_some())
     }
