@@ -149,6 +149,7 @@ class Engine:
     def replay_clock(self, readings: list[tuple[float, int]]) -> None: ...
     def memory_bytes(self) -> int: ...
 
-def spin_readable(fd: int, seconds: float) -> bool:
+def spin_readable(fd: int, seconds: float, yielding: bool = False) -> bool:
     """Polls ``fd`` without sleeping, for up to ``seconds`` (at most 1), with the GIL released;
-    True once it is readable (or in error)."""
+    True once it is readable (or in error). ``yielding``: give the CPU away between looks, and
+    stop (False) once a yield shows another task wants this CPU."""

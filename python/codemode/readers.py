@@ -251,7 +251,7 @@ class Readers:
         error: Exception | None = None
         timed_out = False
         frames: list[tuple[protocol.WorkerFrame, Any]] = []
-        spoke = worker.readable(timeout)
+        spoke = worker.readable(timeout, lane.inflight is not None)
         if spoke:
             try:
                 got = worker.receive()

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 import msgspec
 
 from . import protocol
+from ._engine import spin_readable
+from .hotloop import SPINS
 from .errors import ProtocolError, WorkerCrashed
 
 if TYPE_CHECKING:
@@ -50,6 +52,9 @@ WORKER_CPU_SECONDS = 3600
 
 #: The worker binary (rust/worker), built next to the package by ``make build`` and shipped in
 #: the wheel. Missing, every spawn fails with an ``OSError``: runs fail ``runtime_unavailable``.
+#: How long a caller awaiting a worker's reply polls before it sleeps (`FrameSource.readable`):
+#: a trivial cell's reply comes ~20-40 µs after its frame, a tool call's report sooner.
+SPIN_S = 100e-6
 WORKER_BINARY = Path(__file__).with_name("codemode-worker")
 
 
@@ -71,10 +76,16 @@ class FrameSource:
     def pid(self) -> int:
         raise NotImplementedError
 
-    def readable(self, timeout_s: float) -> bool:
+    def readable(self, timeout_s: float, spin: bool = False) -> bool:
         """Waits up to ``timeout_s`` for the worker to write (or exit); at once if `receive`
-        has an error to raise."""
-        return self._bad is not None or bool(self._poller.poll(max(0.0, timeout_s) * 1000.0))
+        has an error to raise. ``spin``: a reply is due, maybe within microseconds (the worker
+        is executing a frame), so it polls for up to `SPIN_S` before it sleeps (`codemode_spin`,
+        yielding: it stops at once on a CPU it shares with the worker)."""
+        if self._bad is not None:
+            return True
+        if spin and SPINS and timeout_s > 0 and spin_readable(self.rfd, min(SPIN_S, timeout_s), True):
+            return True
+        return bool(self._poller.poll(max(0.0, timeout_s) * 1000.0))
 
     def receive(self) -> list[protocol.WorkerFrame] | None:
         """Reads what the worker wrote: the whole frames it completes (maybe none); None at the
@@ -138,7 +149,7 @@ class Worker(Protocol):
     @property
     def pid(self) -> int: ...
 
-    def readable(self, timeout_s: float) -> bool: ...
+    def readable(self, timeout_s: float, spin: bool = False) -> bool: ...
 
     def receive(self) -> list[protocol.WorkerFrame] | None: ...
 

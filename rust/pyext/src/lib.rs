@@ -10,12 +10,13 @@ mod errors;
 mod semantic;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use codemode_engine::{
     CallMethod, Catalog as InnerCatalog, Engine as Inner, Language, Limits as InnerLimits, Outcome as InnerOutcome,
     Settlement, Status,
 };
+use codemode_spin::{readable_soon, Spin};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -201,24 +202,14 @@ impl Engine {
 
 /// Polls `fd` without sleeping, for up to `seconds`, with the GIL released; true once it is
 /// readable (or in error: the caller's own read or select reports that). `hotloop` polls its
-/// selector's fd so, where it would otherwise sleep for a reply due within microseconds.
+/// selector's fd so, where it would otherwise sleep for a reply due within microseconds;
+/// `workers.FrameSource` polls a worker's pipe so, `yielding` (see `codemode_spin`).
 #[pyfunction]
-fn spin_readable(py: Python<'_>, fd: i32, seconds: f64) -> bool {
+#[pyo3(signature = (fd, seconds, yielding=false))]
+fn spin_readable(py: Python<'_>, fd: i32, seconds: f64, yielding: bool) -> bool {
     let seconds = if seconds > 0.0 { seconds.min(1.0) } else { 0.0 }; // NaN too
-    let end = Instant::now() + Duration::from_secs_f64(seconds);
-    py.detach(|| {
-        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-        loop {
-            // SAFETY: one valid pollfd; a zero timeout never blocks.
-            if unsafe { libc::poll(&mut pfd, 1, 0) } != 0 {
-                return true;
-            }
-            if Instant::now() >= end {
-                return false;
-            }
-            std::hint::spin_loop();
-        }
-    })
+    let spin = if yielding { Spin::Yielding } else { Spin::Busy };
+    py.detach(|| readable_soon(fd, Duration::from_secs_f64(seconds), spin))
 }
 
 #[pymodule]

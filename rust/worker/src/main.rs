@@ -31,6 +31,7 @@ use std::os::fd::RawFd;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use codemode_spin::{readable_soon, Spin};
 use pipe::{readable_within, write_all, FrameReader};
 use protocol::{AnyFrame, HostFrame, Ready, Status, WorkerFrame};
 use worker::Worker;
@@ -46,6 +47,8 @@ const PARKED_GRACE: Duration = Duration::from_micros(2000);
 /// The same for a run that ended after it had parked: the host is finishing the `exec`. Short,
 /// so that the next engine is still built before a cell that follows within a few ms.
 const ENDED_GRACE: Duration = Duration::from_micros(500);
+/// How long a worker whose run ended polls for the next frame before it sleeps.
+const SPIN: Duration = Duration::from_micros(100);
 
 const STDIN: RawFd = 0;
 const STDOUT: RawFd = 1;
@@ -93,13 +96,23 @@ fn serve() -> Result<(), Fatal> {
     // µs; ~0.5 ms when an engine must be built or freed) after giving the host this long to
     // send a frame first.
     let mut grace = Duration::ZERO;
+    // After a run ended, the host's next frame (its next cell, back to back) often comes within
+    // tens of µs: the worker polls for it briefly rather than let its CPU halt (`codemode_spin`).
+    // Not while a run is parked on tools: their answers take the CPU of whatever runs them.
+    let spins = codemode_spin::several_cpus();
+    let mut spin = false;
     loop {
         let len = match reader.poll()? {
             Some(len) => len,
             None => {
-                if worker.has_idle_work() && (grace.is_zero() || !readable_within(STDIN, grace)) {
+                if grace.is_zero() && worker.has_idle_work() {
                     // SAFETY: the last reply was sent and dropped at the end of the previous
                     // turn of this loop, and frames are decoded outside any arena.
+                    unsafe { worker.idle() };
+                }
+                let came = spin && readable_soon(STDIN, SPIN, Spin::Yielding);
+                if !came && worker.has_idle_work() && !readable_within(STDIN, grace) {
+                    // SAFETY: as above.
                     unsafe { worker.idle() };
                 }
                 match reader.read_blocking()? {
@@ -119,6 +132,8 @@ fn serve() -> Result<(), Fatal> {
         if let Some(reply) = &reply {
             send(reply)?;
         }
+        let parked = matches!(&reply, Some(WorkerFrame::Report(report)) if report.status == Status::Pending);
+        spin = spins && !parked;
         grace = match reply {
             // Parked on tools, which usually answer within microseconds: the rebuild waits for a
             // slow answer (or for a run the host suspends, which sends nothing).

@@ -1,0 +1,104 @@
+"""Bounded polling between the host and its workers (`codemode_spin`): a side awaiting a frame
+due within microseconds polls for it briefly instead of letting its CPU halt, and never longer.
+The speed this buys is measured in benches/; these tests pin the bounds: nothing spins while
+idle, a caller waiting on a long cell or a slow tool sleeps, a yielding poll gives up on a busy
+CPU."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+import pytest
+from codemode import CodeMode
+from codemode._engine import spin_readable
+from codemode.workers import SPIN_S
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (from /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+@pytest.fixture
+def cm():
+    with CodeMode({"workers": 1}) as cm:
+
+        @cm.tool
+        async def slow(ms: int) -> int:
+            await asyncio.sleep(ms / 1000)
+            return ms
+
+        yield cm
+
+
+def test_a_yielding_poll_of_an_empty_pipe_ends_within_its_bound():
+    r, w = os.pipe()
+    try:
+        for yielding in (False, True):
+            started = time.monotonic()
+            assert spin_readable(r, 0.002, yielding) is False
+            assert time.monotonic() - started < 0.05
+        os.write(w, b"x")
+        assert spin_readable(r, 1.0, True) is True
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_a_yielding_poll_sees_a_write_from_another_thread():
+    r, w = os.pipe()
+    try:
+        threading.Timer(0.001, os.write, (w, b"x")).start()
+        # A yielding poll may give up early (a shared CPU); then the caller sleeps in poll().
+        deadline = time.monotonic() + 5
+        while not spin_readable(r, 0.01, True) and time.monotonic() < deadline:
+            pass
+        assert os.read(r, 1) == b"x"
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_an_idle_worker_sleeps_after_its_last_cell(cm):
+    s = cm.session("s")
+    for _ in range(200):
+        assert s.exec({"code": "return 1 + 1"})["value"] == 2
+    (pid,) = cm.inspect().worker_pids
+    before = _cpu_s(pid)
+    time.sleep(0.5)
+    # A worker that kept polling would have used the whole 0.5 s; one that polled for its
+    # window after the last reply and then slept uses (almost) nothing.
+    assert _cpu_s(pid) - before < 0.05
+
+
+def test_a_caller_awaiting_a_long_cell_sleeps_through_it(cm):
+    s = cm.session("s")
+    s.exec({"code": "return 1"})
+    started_cpu, started = time.thread_time(), time.monotonic()
+    result = s.exec({"code": "const end = Date.now() + 300; while (Date.now() < end) {} return 7"})
+    assert result["value"] == 7 and time.monotonic() - started >= 0.3
+    # The caller reads its worker itself; it polls for SPIN_S, then sleeps until the reply.
+    assert time.thread_time() - started_cpu < 0.05
+
+
+def test_a_run_parked_on_a_slow_tool_costs_neither_side_a_cpu(cm):
+    s = cm.session("s")
+    s.exec({"code": "return 1"})
+    (pid,) = cm.inspect().worker_pids
+    host_before, worker_before = time.process_time(), _cpu_s(pid)
+    result = s.exec({"code": "return await tools.slow({ms: 400})"})
+    assert result["value"] == 400, result
+    assert time.process_time() - host_before < 0.1
+    assert _cpu_s(pid) - worker_before < 0.05
+
+
+def test_the_window_is_short():
+    # The bound the tests above rely on, and the one the benches measured.
+    assert 0 < SPIN_S <= 200e-6
