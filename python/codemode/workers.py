@@ -34,8 +34,8 @@ import msgspec
 
 from . import protocol
 from ._engine import spin_readable
-from .hotloop import SPINS
 from .errors import ProtocolError, WorkerCrashed
+from .hotloop import SPINS
 
 if TYPE_CHECKING:
     from .runs import Run
