@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .errors import WorkerCrashed
-from .protocol import Drop, utf8_len
+from .protocol import Configure, Drop, utf8_len
 from .runs import Failure, Phase, Run, Step
 from .workers import WORKER_MEMORY_SLACK, Inflight, Lane
 
@@ -120,6 +120,9 @@ class Fleet:
         #: Runs someone waits for (a step in progress): `Supervisor.close` ends them all,
         #: resident or not.
         self.waited: set[Run] = set()
+        #: What a new worker is configured with as soon as it is up, before any run needs it
+        #: (`Supervisor.prime`, `FrameQueue.prime`): it builds its first engine meanwhile.
+        self.primer: Callable[[], Configure] | None = None
         self.spawned = 0
         self.killed = 0
         self._spawn_error = ""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import time
 from typing import Any
 
@@ -23,6 +24,13 @@ from .protocol import CallResult, Replay, Settle, utf8_len
 from .readers import Waiter
 from .runs import Phase, Run
 from .workers import Inflight, Lane
+
+_log = logging.getLogger(__name__)
+
+#: How long a worker may take to read a configuration sent ahead of any run (`FrameQueue.prime`)
+#: before it is taken to have stopped reading: a 64 MiB catalog takes it ~0.3 s here. (A run's
+#: own frames have its deadline.)
+PRIME_WRITE_S = 30.0
 
 __all__ = ["PIPELINE_DEPTH", "FrameQueue"]
 
@@ -60,6 +68,8 @@ class FrameQueue:
         #: Session id -> when it last had a frame sent, oldest first (fair queueing).
         self._served: dict[str, int] = {}
         self._serve_ticks = itertools.count()
+        #: Orders `prime` calls: one that looked up the configuration later wins.
+        self._prime_ticks = itertools.count(1)
 
     def enqueue(self, run: Run, kind: str, out: Out, prefer: Waiter | None = None) -> None:
         """Queues the run's next frame on its lane (placing it on one first, for a start or a
@@ -103,6 +113,38 @@ class FrameQueue:
                 if not lane.writing:
                     lane.writing = True
                     out.append(functools.partial(self._flush, lane))
+
+    def idle(self, lane: Lane) -> bool:
+        """Under the lock: the worker is up and has nothing to do or to be sent."""
+        return not (lane.dead or lane.pipeline or lane.queue or lane.outbox or lane.writing)
+
+    def prime(self, lane: Lane) -> None:
+        """Outside the lock: an idle worker (just up, or after the catalog changed) gets the
+        current configuration now, and builds an engine for it before a run needs one (~1 ms
+        that was on the next cell's path; with the search model, ~25 ms). The configuration
+        is the one the next run would get (`RunFactory.configuration`, found outside the lock:
+        it may load the search model); that run then sends none. Best effort: if it fails or
+        the worker got busy meanwhile, the run's own frame configures the worker as before."""
+        fleet = self._fleet
+        primer = fleet.primer
+        if primer is None:
+            return
+        tick = next(self._prime_ticks)
+        try:
+            configure = primer()
+        except Exception:
+            _log.exception("code mode supervisor: configuring a new worker early failed")
+            return
+        with fleet.lock:
+            if tick < lane.primed or lane.configured is configure or not self.idle(lane):
+                return  # (a later look-up was sent, it is configured so, or a run's frame will be)
+            lane.primed = tick
+            lane.configured = configure
+            lane.outbox.append(([configure], time.monotonic() + PRIME_WRITE_S))
+            if lane.writing:
+                return
+            lane.writing = True
+        self._flush(lane)
 
     def next_in_pipeline(self, lane: Lane) -> None:
         """The worker answered its first frame; the next, if any, is the one it executes now:

@@ -71,6 +71,8 @@ class ReportRouter:
                 raise ProtocolError(f"worker {lane.pid} introduced itself twice")
             frames.next_in_pipeline(lane)
             frames.kick(lane, out)
+            if fleet.primer is not None and frames.idle(lane):
+                out.append(functools.partial(frames.prime, lane))
             return
         if isinstance(frame, Fault) and frame.run == 0:
             raise ProtocolError(f"worker {lane.pid} refused its configuration: {frame.message}")

@@ -205,6 +205,10 @@ class CodeMode:
             call_ids,
             self.host_apis,
         )
+        # A worker that is up is configured with the catalog of that moment (tools added since
+        # the constructor included) and builds its first engine before the first cell needs it.
+        self._supervisor.prime(lambda: factory.configuration()[0])
+        self._registry.on_change = self._supervisor.catalog_changed
 
     # ---- MCP -----------------------------------------------------------------------------------
     def add_mcp_server(self, name: str, config: Mapping[str, Any]) -> None:

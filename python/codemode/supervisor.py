@@ -43,7 +43,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import time
+from collections.abc import Callable
 
 from .errors import ClosedError
 from .fleet import KILL_GRACE_S, Fleet, Out, failed, run_all, send_drop
@@ -58,6 +60,9 @@ from .tool_starts import SYNC_TOOL_THREADS, ToolStarter
 from .waiting import Waiting
 
 __all__ = ["KILL_GRACE_S", "SYNC_TOOL_THREADS", "Supervisor"]
+
+#: How long the catalog must stay unchanged before idle workers are configured with it.
+PRIME_DELAY_S = 0.005
 
 
 class Supervisor:
@@ -92,9 +97,58 @@ class Supervisor:
         fleet.reports = ReportRouter(fleet)
         fleet.tool_starts = ToolStarter(fleet)
         self._waiting = Waiting(fleet, self.drop)
+        #: A re-prime is scheduled (`catalog_changed`), for when the catalog has been quiet.
+        self._prime_timer = False
+        self._prime_due = 0.0
         with fleet.lock:
             for _ in range(fleet.size):
                 fleet.spawn()
+
+    def prime(self, configuration: Callable[[], Configure]) -> None:
+        """Workers are configured as soon as they are up with ``configuration()`` (what the
+        next run would get), so they build their first engine before a run needs it
+        (`FrameQueue.prime`); idle ones up already get it now."""
+        with self._fleet.lock:
+            self._fleet.primer = configuration
+        self._prime_idle()
+
+    def catalog_changed(self) -> None:
+        """The catalog changed (a tool added or removed, an MCP server listed): once it has not
+        changed for `PRIME_DELAY_S` (tools come in bursts), idle workers are configured with
+        the new one and build an engine for it, off the next cell's path. For a catalog whose
+        tools are searched by meaning that is the ~9 MB search model, ~25 ms the first cell
+        would wait for."""
+        fleet = self._fleet
+        with fleet.lock:
+            if fleet.primer is None or fleet.closed:
+                return
+            self._prime_due = time.monotonic() + PRIME_DELAY_S
+            if self._prime_timer:
+                return
+            self._prime_timer = True
+        timer = threading.Timer(PRIME_DELAY_S, self._prime_when_quiet)
+        timer.daemon = True
+        timer.start()
+
+    def _prime_when_quiet(self) -> None:
+        fleet = self._fleet
+        with fleet.lock:
+            wait = self._prime_due - time.monotonic()
+            if wait <= 0 or fleet.closed:
+                self._prime_timer = False
+        if wait > 0 and not fleet.closed:
+            timer = threading.Timer(wait, self._prime_when_quiet)
+            timer.daemon = True
+            timer.start()
+            return
+        self._prime_idle()
+
+    def _prime_idle(self) -> None:
+        fleet = self._fleet
+        with fleet.lock:
+            idle = [lane for lane in fleet.live() if fleet.frames.idle(lane)]
+        for lane in idle:
+            fleet.frames.prime(lane)
 
     # ---- running -----------------------------------------------------------------------------
     def start(self, run: Run, configure: Configure, timeout_ms: int) -> Step:

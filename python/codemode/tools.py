@@ -309,6 +309,12 @@ class ToolRegistry:
         #: MCP servers: server -> None once listed, else why it cannot be used (the guest gets
         #: a clear error). A listed server with no tools still has resources and prompts.
         self._mcp_servers: dict[str, str | None] = {}
+        #: Called (outside the lock) after each change: `CodeMode` re-primes idle workers.
+        self.on_change: Callable[[], None] | None = None
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def set_mcp_server(self, server: str, tools: Iterable[Tool] | None, reason: str | None = None) -> None:
         """Replaces everything registered for MCP server ``server`` at once: its tools (``None``:
@@ -322,6 +328,7 @@ class ToolRegistry:
                 self._tools.update((t.id, t) for t in tools)
             self._mcp_servers[server] = reason
             self.version += 1
+        self._changed()
 
     def add(self, tool: Tool) -> Tool:
         with self._lock:
@@ -329,6 +336,7 @@ class ToolRegistry:
                 raise ToolDefinitionError(f"a tool with id {tool.id!r} is already registered")
             self._tools[tool.id] = tool
             self.version += 1
+        self._changed()
         return tool
 
     def remove(self, tool_id: str) -> bool:
@@ -336,7 +344,9 @@ class ToolRegistry:
             found = self._tools.pop(tool_id, None) is not None
             if found:
                 self.version += 1
-            return found
+        if found:
+            self._changed()
+        return found
 
     def get(self, tool_id: str) -> Tool | None:
         return self._tools.get(tool_id)

@@ -279,6 +279,7 @@ class Lane:
         "memory",
         "outbox",
         "pipeline",
+        "primed",
         "queue",
         "reader",
         "reader_busy",
@@ -312,6 +313,8 @@ class Lane:
         self.reader_busy = False
         self.cond = threading.Condition(lock)
         self.configured: object = None
+        #: The last `FrameQueue.prime` that configured it (its order among them).
+        self.primed = 0
         self.dead = False
         #: Served its share of cells: takes no new ones, and is replaced once it holds none.
         self.retiring = False
