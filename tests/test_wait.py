@@ -201,6 +201,21 @@ def test_one_session_holds_at_most_its_share_of_suspended_runs(make_codemode):
     assert exec_(greedy, "await yield_control(); return 3")["status"] == "waiting"
 
 
+def test_a_run_past_its_ttl_holds_no_slot_before_the_sweeper_takes_it(make_codemode, monkeypatch):
+    # The table is not swept on every exec: an expired run must not count against the caps
+    # meanwhile (here the sweeper never runs at all).
+    cm = make_codemode({"workers": 1, "timeoutMs": 2000, "snapshotTtlSeconds": 1, "maxSuspendedRunsPerSession": 2})
+    monkeypatch.setattr(cm._live, "sweep", lambda: None)
+    s = cm.session("s")
+    held = [exec_(s, "await yield_control(); return 1") for _ in range(2)]
+    assert [r["status"] for r in held] == ["waiting"] * 2
+    assert exec_(s, "await yield_control(); return 1")["status"] == "failed"
+    time.sleep(1.1)
+    assert exec_(s, "await yield_control(); return 2")["status"] == "waiting"
+    # And the expired ones cannot be resumed.
+    assert s.wait({"runId": held[0]["runId"]})["code"] == "invalid_input"
+
+
 def test_a_session_id_cannot_spell_another_sessions_agent_run_scope(make_codemode):
     cm = make_codemode({"workers": 1, "timeoutMs": 2000})
     owner = cm.session("conv", agent_run="run1")

@@ -198,7 +198,8 @@ class Runner:
     def _admit(self, started: float, args: Any) -> CellArgs | Failed:
         if self.closed:
             raise ClosedError("this CodeMode is closed")
-        self._live.sweep()
+        # (No sweep here either: the sweeper expires runs on time, and an expired run holds
+        # no slot in the table, see `RunTable.suspend`.)
         return self._check_args(started, args)
 
     def _hooked(self, started: float, args: Any, decision: Any, checked: CellArgs) -> CellArgs | Failed:

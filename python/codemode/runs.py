@@ -385,17 +385,29 @@ class RunTable:
     def suspend(self, run: Run) -> str | None:
         """Files a run as suspended (and no longer resuming); else says why not (the table is
         full, or its session holds its share of it)."""
+        now = time.monotonic()
         with self._lock:
             run.busy = False
             if run.run_id not in self._runs:
-                if len(self._runs) >= self._limit:
+                # A run past its TTL holds no slot, even before the sweeper takes it out: the
+                # table is not swept on every exec (with many suspended runs that cost each
+                # exec ~0.1 µs a run), and counted here only when it could refuse.
+                if len(self._runs) >= self._limit and self._holding(now) >= self._limit:
                     return TOO_MANY
                 session_id = run.scope[0]
-                if sum(r.scope[0] == session_id for r in self._runs.values()) >= self._per_session:
+                if self._holding(now, session_id) >= self._per_session:
                     return TOO_MANY_IN_SESSION.format(limit=self._per_session)
-            run.expires_at = time.monotonic() + self._ttl
+            run.expires_at = now + self._ttl
             self._runs[run.run_id] = run
             return None
+
+    def _holding(self, now: float, session_id: str | None = None) -> int:
+        """Under the lock: the runs that hold a slot (of ``session_id``'s, if given)."""
+        return sum(
+            1
+            for r in self._runs.values()
+            if (r.busy or r.expires_at > now) and (session_id is None or r.scope[0] == session_id)
+        )
 
     def get(self, run_id: str) -> Run | None:
         with self._lock:
