@@ -29,6 +29,11 @@ ROWS = [
     ("`wait` answering a `yield_control()`, resident run (median)", "test_wait_on_resident_run", ""),
     ("`wait` replaying a journal of 10 tool calls (median)", "test_wait_replaying_ten_journaled_calls", "<= 1 ms"),
     ("first exec on a new `CodeMode`, worker spawn included (median)", "test_first_exec_on_new_codemode", "<= 60 ms"),
+    (
+        "first exec of a new `CodeMode` with a tool, after the model's first turn (median)",
+        "test_first_exec_after_the_first_model_turn",
+        "",
+    ),
     ("warm `exec`, 10-tool catalog (median)", "test_exec_trivial_idle_by_catalog_size[10-tools]", ""),
     (
         "warm `exec`, 10,000-tool catalog (median)",

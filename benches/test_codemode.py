@@ -78,6 +78,36 @@ def test_first_exec_on_new_codemode(benchmark):
     assert benchmark.pedantic(first, rounds=10, warmup_rounds=1) == 2
 
 
+@pytest.mark.benchmark(group="cold")
+def test_first_exec_after_the_first_model_turn(benchmark):
+    """The first exec of a new ``CodeMode`` with one tool, after a 200 ms pause (the model's
+    first turn; not timed): what a host's first cell waits for once its worker is up (with the
+    search model installed, that catalog's configuration carries it)."""
+
+    made: list[CodeMode] = []
+
+    def setup() -> None:
+        while made:
+            made.pop().close()  # the last round's, off the clock
+        cm = CodeMode({"workers": 1})
+        made.append(cm)
+
+        @cm.tool
+        def double(x: int) -> int:
+            return x * 2
+
+        time.sleep(0.2)
+
+    def first() -> object:
+        return made[-1].session().exec({"code": "return await tools.double({x: 1})"})["value"]
+
+    try:
+        assert benchmark.pedantic(first, setup=setup, rounds=10, warmup_rounds=1) == 2
+    finally:
+        while made:
+            made.pop().close()
+
+
 YIELDING = "await yield_control(); return 1"
 TEN_THEN_YIELD = (
     "let t = 0; for (let i = 0; i < 10; i++) t += await tools.double({x: i}); await yield_control(); return t"
