@@ -70,61 +70,45 @@ pub fn readable_soon(fd: RawFd, window: Duration, spin: Spin) -> bool {
 }
 
 #[cfg(test)]
+#[allow(clippy::expect_used)] // (a test that cannot make a pipe has nothing to test)
 mod tests {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+
     use super::*;
-
-    fn pipe() -> (RawFd, RawFd) {
-        let mut fds = [0; 2];
-        // SAFETY: `fds` has room for the two descriptors.
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-        (fds[0], fds[1])
-    }
-
-    fn close(fd: RawFd) {
-        // SAFETY: a descriptor this test opened.
-        unsafe { libc::close(fd) };
-    }
 
     #[test]
     fn an_empty_pipe_is_not_readable_and_the_window_bounds_the_poll() {
-        let (r, w) = pipe();
+        let (r, _w) = std::io::pipe().expect("a pipe");
         for spin in [Spin::Busy, Spin::Yielding] {
             let started = Instant::now();
-            assert!(!readable_soon(r, Duration::from_micros(300), spin));
+            assert!(!readable_soon(r.as_raw_fd(), Duration::from_micros(300), spin));
             // Never much past its window (a yield may end it sooner, never later).
             assert!(started.elapsed() < Duration::from_millis(50), "{spin:?}");
         }
-        close(w);
-        close(r);
     }
 
     #[test]
     fn a_written_byte_or_a_closed_writer_ends_the_poll() {
-        let (r, w) = pipe();
-        // SAFETY: one byte from a live buffer.
-        assert_eq!(unsafe { libc::write(w, b"x".as_ptr().cast(), 1) }, 1);
-        assert!(readable_soon(r, Duration::from_secs(1), Spin::Yielding));
-        assert!(readable_soon(r, Duration::ZERO, Spin::Busy));
-        let (r2, w2) = pipe();
-        close(w2);
-        assert!(readable_soon(r2, Duration::from_secs(1), Spin::Busy), "end of file is readable");
-        close(r2);
-        close(w);
-        close(r);
+        let (r, mut w) = std::io::pipe().expect("a pipe");
+        w.write_all(b"x").expect("writes");
+        assert!(readable_soon(r.as_raw_fd(), Duration::from_secs(1), Spin::Yielding));
+        assert!(readable_soon(r.as_raw_fd(), Duration::ZERO, Spin::Busy));
+        let (r2, w2) = std::io::pipe().expect("a pipe");
+        drop(w2);
+        assert!(readable_soon(r2.as_raw_fd(), Duration::from_secs(1), Spin::Busy), "end of file is readable");
     }
 
     #[test]
     fn a_byte_written_by_another_thread_during_the_poll_is_seen() {
-        let (r, w) = pipe();
+        let (r, mut w) = std::io::pipe().expect("a pipe");
         let writer = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_micros(200));
-            // SAFETY: one byte from a live buffer.
-            unsafe { libc::write(w, b"x".as_ptr().cast(), 1) };
+            w.write_all(b"x").expect("writes");
             w
         });
         // Busy: a yielding poll may stop early, on a CPU shared with the writer.
-        assert!(readable_soon(r, Duration::from_secs(5), Spin::Busy));
-        close(writer.join().unwrap_or(-1));
-        close(r);
+        assert!(readable_soon(r.as_raw_fd(), Duration::from_secs(5), Spin::Busy));
+        drop(writer.join().expect("joins"));
     }
 }

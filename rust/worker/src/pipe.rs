@@ -159,33 +159,23 @@ pub fn readable_within(fd: RawFd, timeout: Duration) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::os::fd::AsRawFd;
+
     use super::*;
-
-    fn pipe() -> (RawFd, RawFd) {
-        let mut fds = [0; 2];
-        // SAFETY: `fds` has room for the two descriptors.
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-        (fds[0], fds[1])
-    }
-
-    fn close(fd: RawFd) {
-        // SAFETY: a descriptor this test opened.
-        unsafe { libc::close(fd) };
-    }
 
     #[test]
     fn frames_cut_into_short_writes_read_back_whole() {
-        let (r, w) = pipe();
+        let (r, w) = std::io::pipe().expect("a pipe");
         let frames: Vec<Vec<u8>> = vec![b"abc".to_vec(), vec![7u8; 200_000], Vec::new()];
         let stream: Vec<u8> =
             frames.iter().flat_map(|f| (f.len() as u32).to_be_bytes().into_iter().chain(f.iter().copied())).collect();
         let writer = std::thread::spawn(move || {
             for chunk in stream.chunks(333) {
-                write_all(w, chunk).expect("writes");
+                write_all(w.as_raw_fd(), chunk).expect("writes");
             }
-            close(w);
+            drop(w);
         });
-        let mut reader = FrameReader::new(r);
+        let mut reader = FrameReader::new(r.as_raw_fd());
         for frame in &frames {
             let len = reader.read_blocking().expect("reads").expect("a frame");
             assert_eq!(reader.body(len), &frame[..]);
@@ -193,16 +183,13 @@ mod tests {
         }
         assert!(reader.read_blocking().expect("reads").is_none());
         writer.join().expect("joins");
-        close(r);
     }
 
     #[test]
     fn a_length_over_the_cap_is_refused_before_the_body() {
-        let (r, w) = pipe();
-        write_all(w, &((MAX_FRAME_BYTES + 1) as u32).to_be_bytes()).expect("writes");
-        let mut reader = FrameReader::new(r);
+        let (r, w) = std::io::pipe().expect("a pipe");
+        write_all(w.as_raw_fd(), &((MAX_FRAME_BYTES + 1) as u32).to_be_bytes()).expect("writes");
+        let mut reader = FrameReader::new(r.as_raw_fd());
         assert!(matches!(reader.read_blocking(), Err(ReadError::TooLarge(n)) if n == MAX_FRAME_BYTES + 1));
-        close(w);
-        close(r);
     }
 }
