@@ -133,15 +133,15 @@ class Supervisor:
     def _prime_when_quiet(self) -> None:
         fleet = self._fleet
         with fleet.lock:
-            wait = self._prime_due - time.monotonic()
-            if wait <= 0 or fleet.closed:
-                self._prime_timer = False
-        if wait > 0 and not fleet.closed:
+            closed = fleet.closed
+            wait = 0.0 if closed else self._prime_due - time.monotonic()
+            self._prime_timer = wait > 0
+        if wait > 0:  # changed again meanwhile
             timer = threading.Timer(wait, self._prime_when_quiet)
             timer.daemon = True
             timer.start()
-            return
-        self._prime_idle()
+        elif not closed:
+            self._prime_idle()
 
     def _prime_idle(self) -> None:
         fleet = self._fleet

@@ -52,10 +52,10 @@ WORKER_CPU_SECONDS = 3600
 
 #: The worker binary (rust/worker), built next to the package by ``make build`` and shipped in
 #: the wheel. Missing, every spawn fails with an ``OSError``: runs fail ``runtime_unavailable``.
+WORKER_BINARY = Path(__file__).with_name("codemode-worker")
 #: How long a caller awaiting a worker's reply polls before it sleeps (`FrameSource.readable`):
 #: a trivial cell's reply comes ~20-40 µs after its frame, a tool call's report sooner.
 SPIN_S = 100e-6
-WORKER_BINARY = Path(__file__).with_name("codemode-worker")
 
 
 class FrameSource:

@@ -134,14 +134,16 @@ fn serve() -> Result<(), Fatal> {
         }
         let parked = matches!(&reply, Some(WorkerFrame::Report(report)) if report.status == Status::Pending);
         spin = spins && !parked;
-        grace = match reply {
+        grace = if parked {
             // Parked on tools, which usually answer within microseconds: the rebuild waits for a
             // slow answer (or for a run the host suspends, which sends nothing).
-            Some(WorkerFrame::Report(report)) if report.status == Status::Pending => PARKED_GRACE,
+            PARKED_GRACE
+        } else if settle {
             // A run that parked has ended. The host may be finishing it on a thread that a
             // rebuild started now would keep off a CPU for its whole ~0.5 ms.
-            _ if settle => ENDED_GRACE,
-            _ => Duration::ZERO,
+            ENDED_GRACE
+        } else {
+            Duration::ZERO
         };
     }
 }
