@@ -278,18 +278,26 @@ def test_run_many_yields_final_results_in_completion_order(batch_cm: CodeMode):
 
 
 def test_closing_run_many_early_cancels_the_cells_still_running(batch_cm: CodeMode):
-    cancelled = asyncio.Event()
+    started, cancelled = asyncio.Event(), asyncio.Event()
 
     @batch_cm.tool
     async def forever() -> None:
+        started.set()
         try:
             await asyncio.Event().wait()
         except asyncio.CancelledError:
             cancelled.set()
             raise
 
+    @batch_cm.tool
+    async def once_forever_started() -> None:
+        await started.wait()  # else the quick cell may end before the stuck one calls its tool
+
     async def run() -> list[Any]:
-        cells = [{"code": "return await tools.forever()", "id": "stuck"}, {"code": "return 1", "id": "quick"}]
+        cells = [
+            {"code": "return await tools.forever()", "id": "stuck"},
+            {"code": "await tools.once_forever_started(); return 1", "id": "quick"},
+        ]
         async with contextlib.aclosing(batch_cm.run_many(cells, concurrency=2)) as results:
             first = await anext(results)
         await asyncio.wait_for(cancelled.wait(), 30)
@@ -299,6 +307,7 @@ def test_closing_run_many_early_cancels_the_cells_still_running(batch_cm: CodeMo
         assert asyncio.run(run()) == ["quick"]
     finally:
         batch_cm.remove_tool("host:core:forever")
+        batch_cm.remove_tool("host:core:once_forever_started")
     assert batch_cm.suspended_runs("batch:stuck") == []
 
 
