@@ -170,7 +170,8 @@ class CallGate:
         scope: CallScope,
         results: CallResults,
         *,
-        approvals: Approvals | None,
+        approvals: Approvals,
+        can_defer: bool,
         read_only: bool,
     ) -> None:
         self.gate = gate
@@ -181,8 +182,8 @@ class CallGate:
         self.gated = gate.hook is not None or gate.approve is not None
         #: Calls that wait for a later approval (a run's, in its journal); none can wait for one
         #: without it (host-side calls: such a call is refused).
-        self._can_defer = approvals is not None
-        self.approvals = approvals if approvals is not None else Approvals({})
+        self._can_defer = can_defer
+        self.approvals = approvals
         #: Restart-safe runs may not wait for an approval (they may be redone after a restart).
         self._read_only = read_only
 

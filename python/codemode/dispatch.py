@@ -53,7 +53,7 @@ class Dispatcher:
     after each lands, on the thread that finished it, and ``wait_ready`` serves host-side calls.
     """
 
-    __slots__ = ("_planner", "_results", "_runner", "_scope", "approvals", "resolved", "view")
+    __slots__ = ("_deferrable", "_parts", "_results", "_scope", "_setup", "approvals", "resolved", "view")
 
     def __init__(
         self,
@@ -72,24 +72,46 @@ class Dispatcher:
         apis: HostApis | None = None,
     ) -> None:
         self.view = view
-        scope = self._scope = CallScope(session_id, run_id, agent_run)
-        results = self._results = CallResults()
-        call_gate = CallGate(gate or Gate(), view, scope, results, approvals=approvals, read_only=read_only)
-        self.approvals = call_gate.approvals
-        runner = self._runner = CallRunner(call_gate, results, scope, loop)
-        self._planner = CallPlanner(
-            view,
-            call_gate,
-            runner,
-            scope,
-            outputs=outputs,
-            namespace_calls=namespace_calls,
-            mcp_ops=mcp_ops,
-            read_only=read_only,
-            apis=apis,
-        )
+        self._scope = CallScope(session_id, run_id, agent_run)
+        self._results = CallResults()
+        #: Calls may wait for a later approval only with the run's own (a journal's) approvals.
+        self._deferrable = approvals is not None
+        self.approvals = approvals if approvals is not None else Approvals({})
+        #: What the planner, runner and gate are built from, on the run's first call (`_built`):
+        #: most cells of a busy host make none, and building them cost each exec ~5 µs.
+        self._setup = (loop, outputs, gate, read_only, namespace_calls, mcp_ops, apis)
+        self._parts: tuple[CallPlanner, CallRunner] | None = None
         #: Namespace calls arrive under a marker id; this maps their call ids to the real tool.
         self.resolved: dict[int, str] = {}
+
+    def _built(self) -> tuple[CallPlanner, CallRunner]:
+        parts = self._parts
+        if parts is None:
+            loop, outputs, gate, read_only, namespace_calls, mcp_ops, apis = self._setup
+            scope, results = self._scope, self._results
+            call_gate = CallGate(
+                gate or Gate(),
+                self.view,
+                scope,
+                results,
+                approvals=self.approvals,
+                can_defer=self._deferrable,
+                read_only=read_only,
+            )
+            runner = CallRunner(call_gate, results, scope, loop)
+            planner = CallPlanner(
+                self.view,
+                call_gate,
+                runner,
+                scope,
+                outputs=outputs,
+                namespace_calls=namespace_calls,
+                mcp_ops=mcp_ops,
+                read_only=read_only,
+                apis=apis,
+            )
+            parts = self._parts = (planner, runner)
+        return parts
 
     @property
     def session_id(self) -> str:
@@ -98,7 +120,7 @@ class Dispatcher:
     @property
     def model_usage(self) -> ModelUsage | None:
         """What the run's ``models.classify``/``generateImages`` calls used so far (None: none yet)."""
-        return self._planner.model_usage
+        return None if self._parts is None else self._parts[0].model_usage
 
     @property
     def parent(self) -> str:
@@ -135,7 +157,7 @@ class Dispatcher:
         Never raises: a guest value reaches the host here, and whatever decoding, mapping or
         checking it does (RecursionError, MemoryError, a mapper's own exception) fails its call."""
         plans = []
-        plan_call = self._planner.plan
+        plan_call = self._built()[0].plan
         for call in calls:
             call_id, tool_id, _ = call
             try:
@@ -155,8 +177,9 @@ class Dispatcher:
             if decision.ok:
                 plans.append((call_id, Plan(None, filed.run, inline=filed.inline)))
             else:
-                span = self._runner.call_span(call_id, filed.tool_id)
-                self._runner.record(call_id, filed.tool_id, time.perf_counter(), False, span)
+                runner = self._built()[1]
+                span = runner.call_span(call_id, filed.tool_id)
+                runner.record(call_id, filed.tool_id, time.perf_counter(), False, span)
                 plans.append((call_id, Plan(None, functools.partial(filed.refuse, decision.reason))))
         return self._launch(plans)
 
