@@ -154,7 +154,7 @@ class Supervisor:
     def start(self, run: Run, configure: Configure, timeout_ms: int) -> Step:
         """Runs a new cell until it completes, fails, or suspends; blocks this thread only."""
         waiter = Waiter()
-        self._begin(run, configure, timeout_ms, waiter)
+        self._begin(run, configure, timeout_ms, waiter, direct=True)
         return self._waiting.wait_sync(run, waiter)
 
     async def start_async(self, run: Run, configure: Configure, timeout_ms: int) -> Step:
@@ -175,7 +175,9 @@ class Supervisor:
         ready = self._begin_resume(run, configure, timeout_ms, waiter, answer)
         return ready if ready is not None else await self._waiting.wait_async(run, waiter)
 
-    def _begin(self, run: Run, configure: Configure, timeout_ms: int, waiter: Waiter) -> None:
+    def _begin(self, run: Run, configure: Configure, timeout_ms: int, waiter: Waiter, *, direct: bool = False) -> None:
+        """Queues the run's start. ``direct`` (a caller on its own thread): on an idle worker it
+        goes out at once, and the caller reads the reply (`FrameQueue.start_direct`)."""
         fleet = self._fleet
         out: Out = []
         with fleet.lock:
@@ -187,7 +189,8 @@ class Supervisor:
             run.waiter = waiter
             fleet.waited.add(run)
             run.step.deadline = time.monotonic() + timeout_ms / 1000.0
-            fleet.frames.enqueue(run, "start", out)
+            if not direct or fleet.frames.start_direct(run, waiter, out) is None:
+                fleet.frames.enqueue(run, "start", out)
         run_all(out)
 
     def _begin_resume(

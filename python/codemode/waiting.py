@@ -37,8 +37,14 @@ class Waiting:
         """The calling thread waits for the run's step: it runs the run's sync tools, reads the
         run's worker itself while no one else does (for every run there), or sleeps until it is
         woken or its deadline comes. (A wake-up that comes while it is busy is kept: its next
-        sleep returns at once and it looks again; so does a stale one.)"""
+        sleep returns at once and it looks again; so does a stale one.) A caller made the reader
+        of its run's worker as its frame went out looks there first (`_first_look`)."""
         try:
+            lane = run.lane
+            if lane is not None and lane.reader is waiter:
+                step = self._first_look(run, waiter, lane)
+                if step is not None:
+                    return step
             return self._wait_sync_loop(run, waiter)
         except BaseException:
             # (An interrupt, say, or a sync tool's BaseException.) Never left as a lane's
@@ -52,6 +58,26 @@ class Waiting:
                         fleet.readers.release_reader(lane, waiter, out)
             run_all(out)
             raise
+
+    def _first_look(self, run: Run, waiter: Waiter, lane: Lane) -> Step | None:
+        """One look at the worker its run's frame just went to: the step if the reply ended it;
+        else None, and the loop goes on from there (as this lane's reader while it is still the
+        run's and alive: a dead one is let go here, which closes its pipes)."""
+        fleet, readers = self._fleet, self._fleet.readers
+        with fleet.lock:
+            if lane.reader is not waiter or waiter.step is not None or waiter.work:
+                return None
+            waiter.polling = lane
+            timeout = readers.poll_timeout(lane)
+        readers.pump(lane, timeout)
+        out: Out = []
+        with fleet.lock:
+            waiter.polling = None
+            step = None if waiter.work else waiter.step  # (tools handed to it run first, in the loop)
+            if step is not None or lane.dead or run.lane is not lane:
+                readers.release_reader(lane, waiter, out)
+        run_all(out)
+        return step
 
     async def wait_async(self, run: Run, waiter: Waiter) -> Step:
         fleet = self._fleet

@@ -48,7 +48,7 @@ const PARKED_GRACE: Duration = Duration::from_micros(2000);
 /// so that the next engine is still built before a cell that follows within a few ms.
 const ENDED_GRACE: Duration = Duration::from_micros(500);
 /// How long a worker whose run ended polls for the next frame before it sleeps.
-const SPIN: Duration = Duration::from_micros(100);
+const SPIN: Duration = Duration::from_micros(300);
 
 const STDIN: RawFd = 0;
 const STDOUT: RawFd = 1;
