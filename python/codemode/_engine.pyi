@@ -23,6 +23,7 @@ __all__ = [
     "Outcome",
     "SemanticModel",
     "__version__",
+    "current_cpu",
     "spin_readable",
 ]
 
@@ -148,6 +149,9 @@ class Engine:
     def settle(self, results: list[tuple[int, bool, str]], timeout_ms: float) -> Outcome: ...
     def replay_clock(self, readings: list[tuple[float, int]]) -> None: ...
     def memory_bytes(self) -> int: ...
+
+def current_cpu() -> int | None:
+    """The CPU the calling thread runs on now (None where the kernel cannot tell)."""
 
 def spin_readable(fd: int, seconds: float, yielding: bool = False) -> bool:
     """Polls ``fd`` without sleeping, for up to ``seconds`` (at most 1), with the GIL released;

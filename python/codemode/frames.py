@@ -143,10 +143,17 @@ class FrameQueue:
         """Under the lock: the worker is up and has nothing to do or to be sent."""
         return not (lane.dead or lane.pipeline or lane.queue or lane.outbox or lane.writing)
 
+    def primable(self, lane: Lane) -> bool:
+        """Under the lock: the worker is idle, or still starting with nothing sent to it yet (a
+        configuration written now is read once it is up, right after it says `Ready`)."""
+        pipeline = lane.pipeline
+        booting = len(pipeline) == 1 and pipeline[0].kind == "ready"
+        return (booting or not pipeline) and not (lane.dead or lane.queue or lane.outbox or lane.writing)
+
     def prime(self, lane: Lane) -> None:
-        """Outside the lock: an idle worker (just up, or after the catalog changed) gets the
-        current configuration now, and builds an engine for it before a run needs one (~1 ms
-        that was on the next cell's path; with the search model, ~25 ms). The configuration
+        """Outside the lock: an idle worker (starting, just up, or after the catalog changed)
+        gets the current configuration now, and builds an engine for it before a run needs one
+        (~1 ms that was on the next cell's path; with the search model, ~25 ms). The configuration
         is the one the next run would get (`RunFactory.configuration`, found outside the lock:
         it may load the search model); that run then sends none. Best effort: if it fails or
         the worker got busy meanwhile, the run's own frame configures the worker as before."""
@@ -161,7 +168,7 @@ class FrameQueue:
             _log.exception("code mode supervisor: configuring a new worker early failed")
             return
         with fleet.lock:
-            if tick < lane.primed or lane.configured is configure or not self.idle(lane):
+            if tick < lane.primed or lane.configured is configure or not self.primable(lane):
                 return  # (a later look-up was sent, it is configured so, or a run's frame will be)
             lane.primed = tick
             lane.configured = configure

@@ -284,6 +284,9 @@ class RayWorker(FrameSource):
                 return None
             return self._write(data, deadline)
 
+    def booted(self) -> None:
+        pass  # (its process runs in its actor, wherever Ray put it)
+
     def alive(self) -> bool:
         return not self._killed and not self._gone
 

@@ -195,7 +195,15 @@ class Readers:
             lane.reader = prefer
             prefer.event.set()
         else:
-            lane.reader = READER_THREAD
+            self.to_thread(lane)
+
+    def to_thread(self, lane: Lane) -> None:
+        """Under the lock: the lane's own thread reads it from now on (started the first time)."""
+        lane.reader = READER_THREAD
+        if lane.thread is None:
+            lane.thread = threading.Thread(target=self.reader_thread, args=(lane,), name="codemode-reader", daemon=True)
+            lane.thread.start()
+        else:
             lane.cond.notify()
 
     def release_reader(self, lane: Lane, me: object, out: Out, but: Run | None = None) -> None:
@@ -206,8 +214,7 @@ class Readers:
         if lane.dead:
             out.append(lane.worker.kill)  # (the reader closes the pipes it polled)
         elif self.need_reader(lane, but):
-            lane.reader = READER_THREAD
-            lane.cond.notify()
+            self.to_thread(lane)
 
     def polling(self, lane: Lane) -> bool:
         """Under the lock: someone polls the lane's pipe now (and closes it once it looks)."""

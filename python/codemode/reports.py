@@ -69,6 +69,7 @@ class ReportRouter:
         if isinstance(frame, Ready):
             if inflight is None or inflight.kind != "ready":
                 raise ProtocolError(f"worker {lane.pid} introduced itself twice")
+            out.append(lane.worker.booted)
             frames.next_in_pipeline(lane)
             frames.kick(lane, out)
             if fleet.primer is not None and frames.idle(lane):

@@ -160,6 +160,10 @@ class CodeMode:
             call_ids,
             self.host_apis,
         )
+        # A worker is configured with the catalog of this moment while it starts (it reads that
+        # once up), and builds its first engine meanwhile; later ones as they come up (tools
+        # added since included), and all again once the catalog changes.
+        self._supervisor.prime(lambda: factory.configuration()[0])
         shared = None
         if runs is not None:
             try:
@@ -205,9 +209,6 @@ class CodeMode:
             call_ids,
             self.host_apis,
         )
-        # A worker that is up is configured with the catalog of that moment (tools added since
-        # the constructor included) and builds its first engine before the first cell needs it.
-        self._supervisor.prime(lambda: factory.configuration()[0])
         self._registry.on_change = self._supervisor.catalog_changed
 
     # ---- MCP -----------------------------------------------------------------------------------

@@ -107,7 +107,7 @@ class Supervisor:
     def prime(self, configuration: Callable[[], Configure]) -> None:
         """Workers are configured as soon as they are up with ``configuration()`` (what the
         next run would get), so they build their first engine before a run needs it
-        (`FrameQueue.prime`); idle ones up already get it now."""
+        (`FrameQueue.prime`); idle ones, and those still starting, get it now."""
         with self._fleet.lock:
             self._fleet.primer = configuration
         self._prime_idle()
@@ -146,7 +146,7 @@ class Supervisor:
     def _prime_idle(self) -> None:
         fleet = self._fleet
         with fleet.lock:
-            idle = [lane for lane in fleet.live() if fleet.frames.idle(lane)]
+            idle = [lane for lane in fleet.live() if fleet.frames.primable(lane)]
         for lane in idle:
             fleet.frames.prime(lane)
 

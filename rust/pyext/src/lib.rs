@@ -3,8 +3,8 @@
 //! Only argument conversion lives here. An outcome crosses as an `Outcome` of named fields (the
 //! engine's `Outcome`, flattened as the worker's `Report` frame carries it). The engine is not
 //! `Send`, and its users here (the host's probe of the guest's globals) are single-threaded, so
-//! there is no `detach` around it. The host uses one helper from here, `spin_readable`, which
-//! does detach.
+//! there is no `detach` around it. The host uses two helpers from here: `spin_readable`, which
+//! does detach, and `current_cpu`.
 
 mod errors;
 mod semantic;
@@ -212,6 +212,13 @@ fn spin_readable(py: Python<'_>, fd: i32, seconds: f64, yielding: bool) -> bool 
     py.detach(|| readable_soon(fd, Duration::from_secs_f64(seconds), spin))
 }
 
+/// The CPU the calling thread runs on now, or None: `workers.WorkerProcess` starts a new worker
+/// away from it.
+#[pyfunction]
+fn current_cpu() -> Option<usize> {
+    codemode_spin::current_cpu()
+}
+
 #[pymodule]
 fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Engine>()?;
@@ -220,6 +227,7 @@ fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Catalog>()?;
     m.add_class::<semantic::SemanticModel>()?;
     m.add_function(wrap_pyfunction!(spin_readable, m)?)?;
+    m.add_function(wrap_pyfunction!(current_cpu, m)?)?;
     m.add("EngineInitError", m.py().get_type::<errors::EngineInitError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("PRELUDE_HASH", format!("{:016x}", codemode_engine::prelude_hash()))?;

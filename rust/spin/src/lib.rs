@@ -41,6 +41,13 @@ pub fn several_cpus() -> bool {
     }
 }
 
+/// The CPU this thread runs on now (None where the kernel cannot tell).
+pub fn current_cpu() -> Option<usize> {
+    // SAFETY: no arguments; it returns -1 on failure.
+    let cpu = unsafe { libc::sched_getcpu() };
+    usize::try_from(cpu).ok()
+}
+
 /// Polls `fd` for up to `window` without sleeping; true once it is readable (or in error, or at
 /// its end: the caller's read reports which), false when the window ran out or, `Yielding`,
 /// when this CPU turned out to be shared.
