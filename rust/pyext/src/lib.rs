@@ -266,6 +266,7 @@ fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
             "Outcome",
             "SemanticModel",
             "__version__",
+            "current_cpu",
             "spin_readable",
         ],
     )?;
