@@ -145,15 +145,21 @@ def _decoded(report: Report) -> tuple[list[tuple[int, Any]], Any, Any] | str:
     """The guest JSON of a report, decoded (a ``ProtocolError`` if it is not JSON), outside the
     lock: outputs, the value, the store writes; or why it is too heavy to decode (the run
     fails, its worker is not to blame)."""
-    texts = [text for kind, text in report.outputs if kind == 1]
-    texts.extend(text for text in (report.value, report.store_writes) if text is not None)
+    # (No comprehension runs for a report without outputs: most reports, a value at most.)
+    texts = [text for kind, text in report.outputs if kind == 1] if report.outputs else []
+    if report.value is not None:
+        texts.append(report.value)
+    if report.store_writes is not None:
+        texts.append(report.store_writes)
     for text in texts:
         heavy = too_heavy(text)
         if heavy is not None:
             return f"code mode output limit exceeded: the result is too heavy for the host: {heavy}."
-    outputs: list[tuple[int, Any]] = [
-        (kind, decode_guest_json(text) if kind == 1 else text) for kind, text in report.outputs
-    ]
+    outputs: list[tuple[int, Any]] = (
+        [(kind, decode_guest_json(text) if kind == 1 else text) for kind, text in report.outputs]
+        if report.outputs
+        else []
+    )
     value = decode_guest_json(report.value) if report.status == "completed" and report.value is not None else None
     writes = decode_guest_json(report.store_writes) if report.store_writes is not None else None
     return outputs, value, writes

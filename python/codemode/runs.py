@@ -270,7 +270,7 @@ class Run:
         self.journal = journal
         #: What the journal holds for the host (results, and a restart-safe run's open inputs),
         #: in UTF-8 bytes: bounded by ``maxJournalBytes``, counted in the snapshot.
-        self.journal_bytes = journal_size(journal)
+        self.journal_bytes = journal_size(journal) if journal.batches or journal.open_inputs else 0
         self.dispatcher = dispatcher
         #: The worker where the runtime is resident (or queued to be), and its id there; no
         #: lane once it must be replayed.

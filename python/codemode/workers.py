@@ -214,7 +214,7 @@ class WorkerProcess(FrameSource):
         its end). A worker that has not taken them by ``deadline`` (``time.monotonic``) stopped
         reading: it is killed. Under the write lock, which `close_pipes` takes too: the fd
         cannot be closed (and its number reused) meanwhile."""
-        data = b"".join(protocol.encode(frame) for frame in frames)
+        data = protocol.encode(frames[0]) if len(frames) == 1 else b"".join(map(protocol.encode, frames))
         with self._write_lock:
             if self.proc.stdin is None or self.proc.stdin.closed:
                 return BrokenPipeError("pipe closed")
