@@ -95,30 +95,33 @@ class FrameQueue:
         self.kick(lane, out)
         fleet.readers.ensure_reader(lane, prefer if prefer is not None else run.waiter)
 
-    def start_direct(self, run: Run, waiter: Waiter, out: Out) -> Lane | None:
-        """A new run whose caller's thread waits for it goes straight to an idle worker when
-        one is up (nothing queued or in flight there, nobody reading it): its frames are
-        written from ``out`` and the caller reads the reply itself (`Waiting.wait_sync`), with
-        no queue, no hand-over of the reader and no wake-up in between. The lane, or None (no
-        worker is idle: the run queues as any other, `enqueue`)."""
-        lane = self._fleet.place()
-        if isinstance(lane, str) or lane.reader is not None or not self.idle(lane):
-            return None
-        run.lane = lane
-        run.placements += 1
-        lane.residents.add(run)
+    def send_direct(self, run: Run, kind: str, waiter: Waiter, out: Out) -> bool:
+        """A run's ``start`` (it is placed first) or ``settle`` whose caller's thread waits for
+        it goes straight to its worker when that one is idle (nothing queued or in flight
+        there, nobody reading it): its frames are written from ``out`` and the caller reads the
+        reply itself (`Waiting.wait_sync`), with no queue, no hand-over of the reader and no
+        wake-up in between. False if the worker is not idle: then it queues as any other
+        (`enqueue`)."""
+        lane = run.lane if kind == "settle" else self._fleet.place()
+        if lane is None or isinstance(lane, str) or lane.reader is not None or not self.idle(lane):
+            return False
+        if kind == "start":
+            run.lane = lane
+            run.placements += 1
+            lane.residents.add(run)
         lane.attached.add(run)
-        run.next_frame = "start"
+        run.next_frame = kind
         run.queued_at = time.monotonic()
         frames = self.frame_for(lane, run, out)
-        if frames is None:  # (a start always has a frame)
-            return None
+        if frames is None:  # (nothing to settle after all, or its time is up: as `kick` would)
+            self._fleet.readers.ensure_reader(lane, waiter)
+            return True
         self._served_now(run.scope[0])
         lane.outbox.append((frames, lane.pipeline[-1].kill_at))
         lane.writing = True
         out.append(functools.partial(self._flush, lane))
         lane.reader = waiter
-        return lane
+        return True
 
     def kick(self, lane: Lane, out: Out) -> None:
         """If the worker is free, the next queued frame goes to it. (A worker that died while

@@ -167,7 +167,7 @@ class Supervisor:
         ``answer`` (JSON) to its yields, and drives it on, replaying its journal first if its
         runtime is gone."""
         waiter = Waiter()
-        ready = self._begin_resume(run, configure, timeout_ms, waiter, answer)
+        ready = self._begin_resume(run, configure, timeout_ms, waiter, answer, direct=True)
         return ready if ready is not None else self._waiting.wait_sync(run, waiter)
 
     async def resume_async(self, run: Run, configure: Configure, timeout_ms: int, answer: str = "null") -> Step:
@@ -177,7 +177,7 @@ class Supervisor:
 
     def _begin(self, run: Run, configure: Configure, timeout_ms: int, waiter: Waiter, *, direct: bool = False) -> None:
         """Queues the run's start. ``direct`` (a caller on its own thread): on an idle worker it
-        goes out at once, and the caller reads the reply (`FrameQueue.start_direct`)."""
+        goes out at once, and the caller reads the reply (`FrameQueue.send_direct`)."""
         fleet = self._fleet
         out: Out = []
         with fleet.lock:
@@ -189,15 +189,16 @@ class Supervisor:
             run.waiter = waiter
             fleet.waited.add(run)
             run.step.deadline = time.monotonic() + timeout_ms / 1000.0
-            if not direct or fleet.frames.start_direct(run, waiter, out) is None:
+            if not (direct and fleet.frames.send_direct(run, "start", waiter, out)):
                 fleet.frames.enqueue(run, "start", out)
         run_all(out)
 
     def _begin_resume(
-        self, run: Run, configure: Configure, timeout_ms: int, waiter: Waiter, answer: str
+        self, run: Run, configure: Configure, timeout_ms: int, waiter: Waiter, answer: str, *, direct: bool = False
     ) -> Step | None:
         """Attaches ``waiter`` to the run; the step at once if an advance already ended it.
-        A yield's answer is settled like a tool result, so its journal keeps it for a replay."""
+        A yield's answer is settled like a tool result, so its journal keeps it for a replay.
+        ``direct``: as for `_begin`, a settle for a resident run."""
         fleet = self._fleet
         out: Out = []
         with fleet.lock:
@@ -231,7 +232,9 @@ class Supervisor:
                 if lane is not None:
                     lane.attached.add(run)
                 if run.phase is Phase.PARKED and run.dispatcher.has_ready():
-                    fleet.frames.enqueue(run, "settle" if lane is not None else "replay", out, waiter)
+                    kind = "settle" if lane is not None else "replay"
+                    if not (direct and kind == "settle" and fleet.frames.send_direct(run, kind, waiter, out)):
+                        fleet.frames.enqueue(run, kind, out, waiter)
                 elif lane is not None:
                     fleet.readers.ensure_reader(lane, waiter)
         run_all(out)

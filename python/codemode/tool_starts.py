@@ -81,7 +81,10 @@ class ToolStarter:
 
     def release(self, run: Run, out: Out) -> None:
         """Under the lock: starts (outside it) what the host decided on (`approvals`)."""
-        decided = run.dispatcher.approvals.take_decided()
+        approvals = run.dispatcher.approvals
+        if not approvals:
+            return  # (no call waits for a decision: most runs)
+        decided = approvals.take_decided()
         if decided:
             calls = [(call_id, filed.tool_id, "") for call_id, filed, _ in decided]
             start = functools.partial(run.dispatcher.release, decided)
