@@ -10,6 +10,8 @@ import asyncio
 import os
 import signal
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -163,3 +165,22 @@ def test_only_the_actor_with_the_token_gets_the_worker_stream(cluster: None) -> 
         assert frames is not None and [type(f) for f in frames] == [protocol.Ready]
     finally:
         worker.kill()
+
+
+def test_closing_while_actors_are_still_made_leaves_no_thread_holding_a_ray_reference(
+    cluster: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Closed at once, its actors are still being made: each watch thread must be done with Ray
+    # when close returns (a reference freed after `ray.shutdown()` makes Ray end the process).
+    # Ray here answers a watch slowly, as a busy cluster does.
+    real_get = ray.get
+
+    def slow_get(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.3)
+        return real_get(*args, **kwargs)
+
+    monkeypatch.setattr(ray, "get", slow_get)
+    before = {t.ident for t in threading.enumerate() if t.name == "codemode-ray-watch"}
+    CodeMode({"workers": 2}, placement="ray").close()
+    left = [t for t in threading.enumerate() if t.name == "codemode-ray-watch" and t.ident not in before]
+    assert not [t for t in left if t.is_alive()], left

@@ -55,6 +55,9 @@ CONCURRENCY_GROUPS = {"watch": 1, "control": 1}
 ACCEPT_TICK_S = 0.1
 #: How long a crash report waits for the actor to say how its worker ended.
 CRASH_REPORT_S = 0.5
+#: How long killing a worker waits for its watch thread to see the actor gone (Ray says so
+#: within milliseconds; this only bounds a cluster that does not answer).
+WATCH_END_S = 5.0
 
 
 class WorkerActor:
@@ -324,8 +327,14 @@ class RayWorker(FrameSource):
             pass  # (gone already)
 
     def kill(self) -> None:
+        """Kills the actor and waits until its threads are done with it: a Ray reference its
+        watch thread still held when the host then called `ray.shutdown()` would be freed after
+        it, and Ray ends the whole process (status 1, from its core worker) when a thread
+        touches it after shutdown: a test run died so, a `CodeMode` closed while an actor was
+        still being made."""
         self.signal_kill()
         self._relay.join(10.0)
+        self._watched.wait(WATCH_END_S)
         self.close_pipes()
 
     def close_pipes(self) -> None:
