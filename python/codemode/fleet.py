@@ -134,11 +134,9 @@ class Fleet:
 
     # ---- lanes -------------------------------------------------------------------------------
     def spawn(self) -> Lane | None:
-        """Under the lock: a new worker and its lane; None if it could not be started (why is
-        kept for the runs that find no worker). Its `Ready` is read by whoever reads it first:
-        the lane's thread starts when the lane first needs one (`Readers.to_thread`; started
-        here, next to the new process, it took a new `CodeMode` ~1.3 ms), and the first run
-        there reads it itself."""
+        """Under the lock: a new worker and its lane, whose reader thread (`Readers.to_thread`)
+        reads its `Ready`; None if it could not be started (why is kept for the runs that find
+        no worker)."""
         try:
             worker = self.placement.start(self.max_memory + WORKER_MEMORY_SLACK)
         except Exception as e:  # (OSError here; whatever a remote placement's client raises)
@@ -147,6 +145,7 @@ class Fleet:
         self.spawned += 1
         lane = Lane(worker, self.lock, time.monotonic() + self.placement.spawn_timeout_s)
         self.lanes.append(lane)
+        self.readers.ensure_reader(lane)
         return lane
 
     def live(self) -> list[Lane]:

@@ -147,11 +147,13 @@ class FrameQueue:
         return not (lane.dead or lane.pipeline or lane.queue or lane.outbox or lane.writing)
 
     def primable(self, lane: Lane) -> bool:
-        """Under the lock: the worker is idle, or still starting with nothing sent to it yet (a
-        configuration written now is read once it is up, right after it says `Ready`)."""
+        """Under the lock: no run has a frame in flight or queued there (the worker may still be
+        starting: a configuration written now is read right after it says `Ready`). Frames
+        being written to it then are other configurations (or drops): a new one goes behind
+        them, so a catalog that changed while the last was written still gets there."""
         pipeline = lane.pipeline
         booting = len(pipeline) == 1 and pipeline[0].kind == "ready"
-        return (booting or not pipeline) and not (lane.dead or lane.queue or lane.outbox or lane.writing)
+        return (booting or not pipeline) and not (lane.dead or lane.queue)
 
     def prime(self, lane: Lane) -> None:
         """Outside the lock: an idle worker (starting, just up, or after the catalog changed)

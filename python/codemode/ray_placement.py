@@ -33,6 +33,7 @@ import signal
 import socket
 import subprocess
 import threading
+import weakref
 from typing import Any
 
 import msgspec
@@ -334,8 +335,12 @@ class RayWorker(FrameSource):
         still being made."""
         self.signal_kill()
         self._relay.join(10.0)
-        self._watched.wait(WATCH_END_S)
+        self.watch_ended(WATCH_END_S)
         self.close_pipes()
+
+    def watch_ended(self, timeout_s: float) -> None:
+        """Waits (at most ``timeout_s``) until the watch thread has seen the actor gone."""
+        self._watched.wait(timeout_s)
 
     def close_pipes(self) -> None:
         with self._lock:
@@ -386,9 +391,18 @@ class RayPlacement:
         # (Ray takes concurrency groups here only, not in `.options()`; its stubs omit them.)
         self._class = ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(WorkerActor)  # type: ignore[call-overload]
         self._options = {"num_cpus": 1, **(actor_options or {})}
+        #: Workers whose watch may still run (a watching thread keeps its worker alive).
+        self._workers: weakref.WeakSet[RayWorker] = weakref.WeakSet()
 
     def start(self, memory_bytes: int) -> Worker:
-        return RayWorker(self._class, memory_bytes, self._options, self.host)
+        worker = RayWorker(self._class, memory_bytes, self._options, self.host)
+        self._workers.add(worker)
+        return worker
 
     def close(self) -> None:
-        pass  # (the cluster is not ours to stop: the host may use it for other work)
+        """The supervisor is done: every actor is killed, and this returns once no thread of
+        ours still waits on Ray for one (the host may call `ray.shutdown()` next, see
+        `RayWorker.kill`). The cluster is not ours to stop: the host may use it for other work."""
+        for worker in list(self._workers):
+            worker.signal_kill()
+            worker.watch_ended(WATCH_END_S)

@@ -72,7 +72,9 @@ class ReportRouter:
             out.append(lane.worker.booted)
             frames.next_in_pipeline(lane)
             frames.kick(lane, out)
-            if fleet.primer is not None and frames.idle(lane):
+            if fleet.primer is not None and lane.configured is None and frames.idle(lane):
+                # (One configured while it started has it, and a catalog changed since is sent
+                # by the re-prime that change scheduled: see `Supervisor.catalog_changed`.)
                 out.append(functools.partial(frames.prime, lane))
             return
         if isinstance(frame, Fault) and frame.run == 0:
