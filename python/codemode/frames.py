@@ -83,9 +83,8 @@ class FrameQueue:
                 message = f"code mode runtime is unavailable: {placed}"
                 fleet.end(run, "failed", out, failure=failed("runtime_unavailable", "WorkerUnavailable", message))
                 return
-            lane = run.lane = placed
-            run.placements += 1
-            lane.residents.add(run)
+            lane = placed
+            self._reside(run, lane)
         if run.waiter is not None:
             lane.attached.add(run)
         run.next_frame = kind
@@ -106,9 +105,7 @@ class FrameQueue:
         if lane is None or isinstance(lane, str) or lane.reader is not None or not self.idle(lane):
             return False
         if kind == "start":
-            run.lane = lane
-            run.placements += 1
-            lane.residents.add(run)
+            self._reside(run, lane)
         lane.attached.add(run)
         run.next_frame = kind
         run.queued_at = time.monotonic()
@@ -116,12 +113,24 @@ class FrameQueue:
         if frames is None:  # (nothing to settle after all, or its time is up: as `kick` would)
             self._fleet.readers.ensure_reader(lane, waiter)
             return True
-        self._served_now(run.scope[0])
-        lane.outbox.append((frames, lane.pipeline[-1].kill_at))
-        lane.writing = True
-        out.append(functools.partial(self._flush, lane))
+        self._send(lane, run, frames, out)
         lane.reader = waiter
         return True
+
+    @staticmethod
+    def _reside(run: Run, lane: Lane) -> None:
+        """A run's runtime is placed on ``lane``."""
+        run.lane = lane
+        run.placements += 1
+        lane.residents.add(run)
+
+    def _send(self, lane: Lane, run: Run, frames: list[Any], out: Out) -> None:
+        """The run's frames, just put in flight (`frame_for`), go out in pipeline order."""
+        self._served_now(run.scope[0])
+        lane.outbox.append((frames, lane.pipeline[-1].kill_at))
+        if not lane.writing:
+            lane.writing = True
+            out.append(functools.partial(self._flush, lane))
 
     def kick(self, lane: Lane, out: Out) -> None:
         """If the worker is free, the next queued frame goes to it. (A worker that died while
@@ -136,11 +145,7 @@ class FrameQueue:
                 return
             frames = self.frame_for(lane, run, out)
             if frames is not None:
-                self._served_now(run.scope[0])
-                lane.outbox.append((frames, lane.pipeline[-1].kill_at))
-                if not lane.writing:
-                    lane.writing = True
-                    out.append(functools.partial(self._flush, lane))
+                self._send(lane, run, frames, out)
 
     def idle(self, lane: Lane) -> bool:
         """Under the lock: the worker is up and has nothing to do or to be sent."""
