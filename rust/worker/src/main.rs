@@ -101,7 +101,8 @@ fn serve() -> Result<(), Fatal> {
     // After a run ended, the host's next frame (its next cell, back to back) often comes within
     // tens of µs: the worker polls for it briefly rather than let its CPU halt (`codemode_spin`).
     // Not while a run is parked on tools: their answers take the CPU of whatever runs them.
-    let spins = codemode_spin::several_cpus();
+    // Nor on one CPU; asked each time (a syscall, ~0.3 µs), for the host narrows a starting
+    // worker's CPUs and widens them once it is up (`workers._start_elsewhere`).
     let mut spin = false;
     loop {
         let len = match reader.poll()? {
@@ -135,7 +136,7 @@ fn serve() -> Result<(), Fatal> {
             send(reply)?;
         }
         let parked = matches!(&reply, Some(WorkerFrame::Report(report)) if report.status == Status::Pending);
-        spin = spins && !parked;
+        spin = !parked && codemode_spin::several_cpus();
         grace = if parked {
             // Parked on tools, which usually answer within microseconds: the rebuild waits for a
             // slow answer (or for a run the host suspends, which sends nothing).
