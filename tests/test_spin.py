@@ -26,6 +26,11 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
+def _voluntary_switches(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
+
+
 @pytest.fixture
 def cm():
     with CodeMode({"workers": 1}) as cm:
@@ -105,11 +110,6 @@ def test_the_window_is_short():
     assert 0 < SPIN_S <= 200e-6
 
 
-def _voluntary_switches(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
-
-
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="polling needs a second CPU")
 def test_a_worker_started_off_the_hosts_cpu_gets_every_cpu_back_and_polls(cm):
     # A new worker starts off its spawner's CPU (`workers._start_elsewhere`) and gets the host's
@@ -126,4 +126,22 @@ def test_a_worker_started_off_the_hosts_cpu_gets_every_cpu_back_and_polls(cm):
         s.exec({"code": "return 1"})
     # A worker that sleeps after each cell switches out once per cell; one that polls finds the
     # next cell's frame awake, all but a few times.
+    assert _voluntary_switches(pid) - before < 150
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="polling needs a second CPU")
+def test_after_a_pause_back_to_back_cells_find_the_worker_polling_on_another_cpu(cm):
+    # A worker that slept is woken on its host's CPU; the two then took turns there, the worker
+    # giving up its poll at once (its yields let the host run) and sleeping after every cell
+    # while the other CPU idled. It now moves to the other CPU and polls there.
+    s = cm.session("s")
+    s.exec({"code": "return 1"})
+    (pid,) = cm.inspect().worker_pids
+    for _ in range(100):
+        time.sleep(0.002)
+        s.exec({"code": "return 1"})
+    before = _voluntary_switches(pid)
+    for _ in range(300):
+        time.sleep(0)
+        s.exec({"code": "return 1"})
     assert _voluntary_switches(pid) - before < 150

@@ -113,7 +113,7 @@ fn serve() -> Result<(), Fatal> {
                     // turn of this loop, and frames are decoded outside any arena.
                     unsafe { worker.idle() };
                 }
-                let came = spin && readable_soon(STDIN, SPIN, Spin::Yielding);
+                let came = spin && readable_soon(STDIN, SPIN, Spin::Moving);
                 if !came && worker.has_idle_work() && !readable_within(STDIN, grace) {
                     // SAFETY: as above.
                     unsafe { worker.idle() };
