@@ -98,12 +98,14 @@ fn serve() -> Result<(), Fatal> {
     // µs; ~0.5 ms when an engine must be built or freed) after giving the host this long to
     // send a frame first.
     let mut grace = Duration::ZERO;
-    // After a run ended, the host's next frame (its next cell, back to back) often comes within
-    // tens of µs: the worker polls for it briefly rather than let its CPU halt (`codemode_spin`).
-    // Not while a run is parked on tools: their answers take the CPU of whatever runs them.
-    // Nor on one CPU; asked each time (a syscall, ~0.3 µs), for the host narrows a starting
-    // worker's CPUs and widens them once it is up (`workers._start_elsewhere`).
-    let mut spin = false;
+    // After a reply, the host's next frame (its next cell back to back, a quick tool's answer)
+    // often comes within tens of µs: the worker polls for it briefly rather than let its CPU
+    // halt (`codemode_spin`). After a run ended it moves off a CPU it finds shared with the
+    // host and polls on another; parked on tools it does not: the host runs them, on that CPU
+    // if it was woken there, and waking it there again is cheap. Not on one CPU; asked each
+    // time (a syscall, ~0.3 µs), for the host narrows a starting worker's CPUs and widens them
+    // once it is up (`workers._start_elsewhere`).
+    let mut spin = None;
     loop {
         let len = match reader.poll()? {
             Some(len) => len,
@@ -113,7 +115,7 @@ fn serve() -> Result<(), Fatal> {
                     // turn of this loop, and frames are decoded outside any arena.
                     unsafe { worker.idle() };
                 }
-                let came = spin && readable_soon(STDIN, SPIN, Spin::Moving);
+                let came = spin.is_some_and(|spin| readable_soon(STDIN, SPIN, spin));
                 if !came && worker.has_idle_work() && !readable_within(STDIN, grace) {
                     // SAFETY: as above.
                     unsafe { worker.idle() };
@@ -136,7 +138,7 @@ fn serve() -> Result<(), Fatal> {
             send(reply)?;
         }
         let parked = matches!(&reply, Some(WorkerFrame::Report(report)) if report.status == Status::Pending);
-        spin = !parked && codemode_spin::several_cpus();
+        spin = codemode_spin::several_cpus().then_some(if parked { Spin::Yielding } else { Spin::Moving });
         grace = if parked {
             // Parked on tools, which usually answer within microseconds: the rebuild waits for a
             // slow answer (or for a run the host suspends, which sends nothing).
