@@ -161,3 +161,22 @@ def test_a_worker_polls_for_quick_tool_answers_on_a_cpu_of_its_own(cm):
     for _ in range(50):
         assert s.exec({"code": code})["value"] == 0
     assert _voluntary_switches(pid) - before < 250
+
+
+def _run_ns(pid: int) -> int:
+    """Nanoseconds process ``pid``'s main thread has run (from /proc; finer than `_cpu_s`)."""
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[0])
+
+
+def test_a_worker_whose_tools_answer_slowly_stops_polling_for_their_answers(cm):
+    # A poll that runs out costs a slow tool's answer (an MCP server's, say) ~100 µs, by taking a
+    # CPU the host needs: parked, the worker polls only while the last answer came in time.
+    s = cm.session("s")
+    code = "for (let i = 0; i < 100; i++) await tools.slow({ms: 2}); return 1"
+    s.exec({"code": code})
+    (pid,) = cm.inspect().worker_pids
+    before = _run_ns(pid)
+    assert s.exec({"code": code})["value"] == 1
+    # Polling the whole window each time would be >= 100 x 300 µs; not polling, ~100 x 20 µs.
+    assert _run_ns(pid) - before < 15_000_000

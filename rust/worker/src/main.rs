@@ -29,7 +29,7 @@ mod worker;
 use std::io;
 use std::os::fd::RawFd;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use codemode_spin::{readable_soon, Spin};
 use pipe::{readable_within, write_all, FrameReader};
@@ -102,10 +102,14 @@ fn serve() -> Result<(), Fatal> {
     // often comes within tens of µs: the worker polls for it briefly rather than let its CPU
     // halt (`codemode_spin`). After a run ended it moves off a CPU it finds shared with the
     // host and polls on another; parked on tools it does not: the host runs them, on that CPU
-    // if it was woken there, and waking it there again is cheap. Not on one CPU; asked each
-    // time (a syscall, ~0.3 µs), for the host narrows a starting worker's CPUs and widens them
-    // once it is up (`workers._start_elsewhere`).
+    // if it was woken there, and waking it there again is cheap. Parked, it polls only while
+    // the host's answers have been quick (the last one came within the window): a poll that
+    // runs out costs a slow tool's answer (an MCP server's, ~0.5 ms) ~100 µs more, by taking a
+    // CPU the server and the host's MCP loop need. Not on one CPU; asked each time (a syscall,
+    // ~0.3 µs), for the host narrows a starting worker's CPUs and widens them once it is up
+    // (`workers._start_elsewhere`).
     let mut spin = None;
+    let (mut parked_at, mut quick_answers) = (None::<Instant>, true);
     loop {
         let len = match reader.poll()? {
             Some(len) => len,
@@ -127,6 +131,9 @@ fn serve() -> Result<(), Fatal> {
                 }
             }
         };
+        if let Some(at) = parked_at.take() {
+            quick_answers = at.elapsed() <= SPIN;
+        }
         let frame: HostFrame = protocol::decode(reader.body(len))?;
         reader.consume(len);
         let settle = matches!(frame, HostFrame::Settle(_));
@@ -138,7 +145,13 @@ fn serve() -> Result<(), Fatal> {
             send(reply)?;
         }
         let parked = matches!(&reply, Some(WorkerFrame::Report(report)) if report.status == Status::Pending);
-        spin = codemode_spin::several_cpus().then_some(if parked { Spin::Yielding } else { Spin::Moving });
+        parked_at = parked.then(Instant::now);
+        spin = match parked {
+            true if !quick_answers => None,
+            true => Some(Spin::Yielding),
+            false => Some(Spin::Moving),
+        }
+        .filter(|_| codemode_spin::several_cpus());
         grace = if parked {
             // Parked on tools, which usually answer within microseconds: the rebuild waits for a
             // slow answer (or for a run the host suspends, which sends nothing).
