@@ -102,8 +102,10 @@ fn serve() -> Result<(), Fatal> {
     // often comes within tens of µs: the worker polls for it briefly rather than let its CPU
     // halt (`codemode_spin`). After a run ended it moves off a CPU it finds shared with the
     // host and polls on another; parked on tools it does not: the host runs them, on that CPU
-    // if it was woken there, and waking it there again is cheap. Parked, it polls only while
-    // the host's answers have been quick (the last one came within the window): a poll that
+    // if it was woken there, and waking it there again is cheap. Parked, it polls only if the
+    // frame it answered came while it polled (so on a CPU of its own: polling on its host's, it
+    // takes the CPU the host needs to run the tools, as yields do not reliably give it back),
+    // and while the host's answers have been quick (the last one came within the window): a poll that
     // runs out costs a slow tool's answer (an MCP server's, ~0.5 ms) ~100 µs more, by taking a
     // CPU the server and the host's MCP loop need. Not on one CPU; asked each time (a syscall,
     // ~0.3 µs), for the host narrows a starting worker's CPUs and widens them once it is up
@@ -111,8 +113,10 @@ fn serve() -> Result<(), Fatal> {
     let mut spin = None;
     let (mut parked_at, mut quick_answers) = (None::<Instant>, true);
     loop {
-        let len = match reader.poll()? {
-            Some(len) => len,
+        // Whether the frame came while the worker polled (on a CPU of its own, most likely) or
+        // woke it (onto its host's CPU, most likely: a pipe's wake-up is a sync one).
+        let (len, polled) = match reader.poll()? {
+            Some(len) => (len, true),
             None => {
                 if grace.is_zero() && worker.has_idle_work() {
                     // SAFETY: the last reply was sent and dropped at the end of the previous
@@ -125,7 +129,7 @@ fn serve() -> Result<(), Fatal> {
                     unsafe { worker.idle() };
                 }
                 match reader.read_blocking()? {
-                    Some(len) => len,
+                    Some(len) => (len, came),
                     // Nothing is left to do: the resident engines need no teardown.
                     None => std::process::exit(0),
                 }
@@ -147,7 +151,7 @@ fn serve() -> Result<(), Fatal> {
         let parked = matches!(&reply, Some(WorkerFrame::Report(report)) if report.status == Status::Pending);
         parked_at = parked.then(Instant::now);
         spin = match parked {
-            true if !quick_answers => None,
+            true if !quick_answers || !polled => None,
             true => Some(Spin::Yielding),
             false => Some(Spin::Moving),
         }
