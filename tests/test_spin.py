@@ -116,17 +116,17 @@ def test_the_window_is_short():
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="polling needs a second CPU")
 def test_a_worker_started_off_the_hosts_cpu_gets_every_cpu_back_and_polls(cm):
-    # A new worker starts off its spawner's CPU (`workers._start_elsewhere`) and gets the host's
-    # CPUs back once it is up; it must then poll between cells as one started anywhere would.
+    # A new worker starts off its spawner's CPU (`workers._start_elsewhere`), on one, and gets
+    # the host's CPUs back once it is up; it must then poll between cells as one started
+    # anywhere would.
     # (It once decided at start-up, on one CPU, never to poll: back to back cost ~90 µs, not ~50.)
     s = cm.session("s")
     s.exec({"code": "return 1"})
     (pid,) = cm.inspect().worker_pids
-    # (The thread that read its `Ready` gives them back just after it routed it.)
-    deadline = time.monotonic() + 5
-    while os.sched_getaffinity(pid) != os.sched_getaffinity(0) and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert os.sched_getaffinity(pid) == os.sched_getaffinity(0)
+    # Every CPU of the host's, or all but one: the worker keeps off a CPU it found shared with
+    # the host (the thread that read its `Ready` gives them back just after it routed it).
+    host, worker = os.sched_getaffinity(0), os.sched_getaffinity(pid)
+    assert worker <= host and len(host - worker) <= 1
     for _ in range(50):
         s.exec({"code": "return 1"})
     before = _voluntary_switches(pid)

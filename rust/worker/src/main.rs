@@ -151,7 +151,7 @@ fn serve() -> Result<(), Fatal> {
         let parked = matches!(&reply, Some(WorkerFrame::Report(report)) if report.status == Status::Pending);
         parked_at = parked.then(Instant::now);
         spin = match parked {
-            true if !quick_answers || !polled => None,
+            true if !quick_answers || !(polled || codemode_spin::away()) => None,
             true => Some(Spin::Yielding),
             false => Some(Spin::Moving),
         }
