@@ -5,6 +5,7 @@ next cell sends only its `Start`. Whatever the timing, a cell sees the catalog o
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -70,11 +71,16 @@ def test_a_burst_of_tools_is_configured_once_when_it_is_over(sent):
     with CodeMode({"workers": 1}) as cm:
         _settle(cm)
         sent.clear()
+        added = []
         for n in range(20):
             cm.tool(lambda x, n=n: x + n, name=f"add_{n}", description="adds", input_schema={"type": "object"})
+            added.append(time.monotonic())
         time.sleep(PRIME_DELAY_S * 6)
         _settle(cm)
-        assert sent.count(["Configure"]) == 1, sent
+        # Once the catalog has been unchanged for PRIME_DELAY_S: a pause that long inside the
+        # burst (a full garbage collection, a busy CI machine) rightly splits it in two.
+        pauses = sum(b - a >= PRIME_DELAY_S for a, b in itertools.pairwise(added))
+        assert 1 <= sent.count(["Configure"]) <= 1 + pauses, (sent, pauses)
         sent.clear()
         assert cm.session().exec({"code": "return await tools.add_19({x: 1})"})["value"] == 20
         assert all("Configure" not in frames for frames in sent), sent
