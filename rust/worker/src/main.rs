@@ -100,16 +100,15 @@ fn serve() -> Result<(), Fatal> {
     let mut grace = Duration::ZERO;
     // After a reply, the host's next frame (its next cell back to back, a quick tool's answer)
     // often comes within tens of µs: the worker polls for it briefly rather than let its CPU
-    // halt (`codemode_spin`). After a run ended it moves off a CPU it finds shared with the
-    // host and polls on another; parked on tools it does not: the host runs them, on that CPU
-    // if it was woken there, and waking it there again is cheap. Parked, it polls only if the
-    // frame it answered came while it polled (so on a CPU of its own: polling on its host's, it
-    // takes the CPU the host needs to run the tools, as yields do not reliably give it back),
-    // and while the host's answers have been quick (the last one came within the window): a poll that
-    // runs out costs a slow tool's answer (an MCP server's, ~0.5 ms) ~100 µs more, by taking a
-    // CPU the server and the host's MCP loop need. Not on one CPU; asked each time (a syscall,
-    // ~0.3 µs), for the host narrows a starting worker's CPUs and widens them once it is up
-    // (`workers._start_elsewhere`).
+    // halt (`codemode_spin`). After a run ended it polls `Moving`: off a CPU it finds shared
+    // with the host, and kept off it. Parked on tools, it polls only where it is not on the
+    // host's CPU (it keeps off that one, or the frame it answered came while it polled: a frame
+    // that wakes it wakes it on the writer's CPU), since the host runs the tools there and a
+    // yield does not reliably give the CPU back; and only while the host's answers have been
+    // quick (the last one within the window): a poll that runs out cost each MCP call ~100 µs,
+    // by taking a CPU the server and the host's MCP loop need. Never on one CPU; asked each
+    // time (a syscall, ~0.3 µs), for the host narrows a starting worker's CPUs and widens them
+    // once it is up (`workers._start_elsewhere`).
     let mut spin = None;
     let (mut parked_at, mut quick_answers) = (None::<Instant>, true);
     loop {
