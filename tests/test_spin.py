@@ -156,6 +156,26 @@ def test_after_a_pause_back_to_back_cells_find_the_worker_polling_on_another_cpu
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="polling needs a second CPU")
+def test_a_worker_kept_off_the_hosts_cpu_comes_back_when_the_traffic_pauses(cm):
+    # Back to back the worker keeps off the CPU it found shared with the host; sleeping there
+    # through a pause of some ms, it would be woken on a CPU halted deep (a trivial cell after 10
+    # ms idle ~300 µs instead of ~160): after STAY_AWAY (5 ms) it takes every CPU back.
+    s = cm.session("s")
+    (pid,) = cm.inspect().worker_pids
+    host = os.sched_getaffinity(0)
+    for _ in range(2000):
+        s.exec({"code": "return 1"})
+        if os.sched_getaffinity(pid) != host:
+            break
+    kept_off = host - os.sched_getaffinity(pid)
+    assert len(kept_off) == 1, "back to back, the worker never moved off the host's CPU"
+    time.sleep(0.05)
+    assert os.sched_getaffinity(pid) == host
+    # And the pause ended nothing: cells after it run (and may move it off again).
+    assert s.exec({"code": "return 2"})["value"] == 2
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="polling needs a second CPU")
 def test_a_worker_polls_for_quick_tool_answers_on_a_cpu_of_its_own(cm):
     # Back to back, the worker polls on the CPU the host does not use; parked on a tool that
     # answers within microseconds it polls for the answer there too, instead of sleeping and

@@ -55,8 +55,11 @@ WORKER_CPU_SECONDS = 3600
 #: the wheel. Missing, every spawn fails with an ``OSError``: runs fail ``runtime_unavailable``.
 WORKER_BINARY = Path(__file__).with_name("codemode-worker")
 #: How long a caller awaiting a worker's reply polls before it sleeps (`FrameSource.readable`):
-#: a trivial cell's reply comes ~20-40 µs after its frame, a tool call's report sooner.
-SPIN_S = 100e-6
+#: a trivial cell's reply comes ~20-40 µs after its frame, a tool call's report sooner, but the
+#: first segment of a cell after some ms idle takes its worker 100-150 µs (a cold CPU). A caller
+#: that slept through it is woken onto the worker's CPU, and the two then take turns there for
+#: the rest of the cell (10 tool calls 3-5 ms after the last: ~1.5 ms at 100 µs, ~0.65 at 200).
+SPIN_S = 200e-6
 
 
 class FrameSource:
@@ -81,7 +84,7 @@ class FrameSource:
         """Waits up to ``timeout_s`` for the worker to write (or exit); at once if `receive`
         has an error to raise. ``spin``: a reply is due, maybe within microseconds (the worker
         is executing a frame), so it polls for up to `SPIN_S` before it sleeps (`codemode_spin`,
-        yielding: it stops at once on a CPU it shares with the worker)."""
+        yielding: it stops on a CPU it shares with the worker)."""
         if self._bad is not None:
             return True
         if spin and SPINS and timeout_s > 0 and spin_readable(self.rfd, min(SPIN_S, timeout_s), True):

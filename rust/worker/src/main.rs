@@ -52,6 +52,11 @@ const ENDED_GRACE: Duration = Duration::from_micros(500);
 /// pays no wake-up of a halted CPU (~35 µs of a trivial cell's ~90 at 100 µs).
 const SPIN: Duration = Duration::from_micros(300);
 
+/// How long a worker kept off its host's CPU (`Spin::Moving`) sleeps there before it comes
+/// back. Measured side by side (10 tool calls, paced): kept off, 0.6 ms after 2 ms idle but 1.6
+/// ms after 5 ms, 1.8 after 10, 2.4 after 50; back, 1.0, 1.0, 1.1, 1.5.
+const STAY_AWAY: Duration = Duration::from_millis(5);
+
 const STDIN: RawFd = 0;
 const STDOUT: RawFd = 1;
 
@@ -100,17 +105,22 @@ fn serve() -> Result<(), Fatal> {
     let mut grace = Duration::ZERO;
     // After a reply, the host's next frame (its next cell back to back, a quick tool's answer)
     // often comes within tens of µs: the worker polls for it briefly rather than let its CPU
-    // halt (`codemode_spin`). After a run ended it polls `Moving`: off a CPU it finds shared
-    // with the host, and kept off it. Parked on tools, it polls only where it is not on the
-    // host's CPU (it keeps off that one, or the frame it answered came while it polled: a frame
-    // that wakes it wakes it on the writer's CPU), since the host runs the tools there and a
-    // yield does not reliably give the CPU back; and only while the host's answers have been
-    // quick (the last one within the window): a poll that runs out cost each MCP call ~100 µs,
-    // by taking a CPU the server and the host's MCP loop need. Never on one CPU; asked each
-    // time (a syscall, ~0.3 µs), for the host narrows a starting worker's CPUs and widens them
-    // once it is up (`workers._start_elsewhere`).
+    // halt (`codemode_spin`). After a run ended whose frame came back to back (within the
+    // window of the reply before), it polls `Moving`: off a CPU it finds shared with the host,
+    // and kept off it while the traffic keeps coming; otherwise `Yielding`. Parked on tools, it
+    // polls only where it is not on the host's CPU (it keeps off that one, or the frame it
+    // answered came while it polled: a frame that wakes it wakes it on the writer's CPU), since
+    // the host runs the tools there and a yield does not reliably give the CPU back; and only
+    // while the host's answers have been quick (the last one within the window): a poll that
+    // runs out cost each MCP call ~100 µs, by taking a CPU the server and the host's MCP loop
+    // need. Never on one CPU; asked each time (a syscall, ~0.3 µs), for the host narrows a
+    // starting worker's CPUs and widens them once it is up (`workers._start_elsewhere`).
+    //
+    // A worker kept off the host's CPU that then sleeps `STAY_AWAY` comes back to it: after an
+    // idle gap of some ms, a CPU of its own has halted deep and waking it there costs more than
+    // a wake-up on the host's CPU (`codemode_spin::come_back`).
     let mut spin = None;
-    let (mut parked_at, mut quick_answers) = (None::<Instant>, true);
+    let (mut replied_at, mut parked_at, mut quick_answers) = (None::<Instant>, None, true);
     loop {
         // Whether the frame came while the worker polled (on a CPU of its own, most likely) or
         // woke it (onto its host's CPU, most likely: a pipe's wake-up is a sync one).
@@ -127,6 +137,10 @@ fn serve() -> Result<(), Fatal> {
                     // SAFETY: as above.
                     unsafe { worker.idle() };
                 }
+                if !came && codemode_spin::away() && !readable_within(STDIN, STAY_AWAY) {
+                    // (A frame that came meanwhile is read at once, kept off.)
+                    codemode_spin::come_back();
+                }
                 match reader.read_blocking()? {
                     Some(len) => (len, came),
                     // Nothing is left to do: the resident engines need no teardown.
@@ -134,8 +148,10 @@ fn serve() -> Result<(), Fatal> {
                 }
             }
         };
-        if let Some(at) = parked_at.take() {
-            quick_answers = at.elapsed() <= SPIN;
+        // Whether this frame came within the poll window of the last reply: back to back.
+        let quick = replied_at.is_some_and(|at| at.elapsed() <= SPIN);
+        if parked_at.take().is_some() {
+            quick_answers = quick;
         }
         let frame: HostFrame = protocol::decode(reader.body(len))?;
         reader.consume(len);
@@ -148,11 +164,13 @@ fn serve() -> Result<(), Fatal> {
             send(reply)?;
         }
         let parked = matches!(&reply, Some(WorkerFrame::Report(report)) if report.status == Status::Pending);
-        parked_at = parked.then(Instant::now);
+        replied_at = Some(Instant::now());
+        parked_at = parked.then_some(());
         spin = match parked {
             true if !quick_answers || !(polled || codemode_spin::away()) => None,
             true => Some(Spin::Yielding),
-            false => Some(Spin::Moving),
+            false if quick => Some(Spin::Moving),
+            false => Some(Spin::Yielding),
         }
         .filter(|_| codemode_spin::several_cpus());
         grace = if parked {
