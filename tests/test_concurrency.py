@@ -434,3 +434,45 @@ def test_sync_tools_of_cells_sharing_a_worker_all_run_at_once():
         for t in workers:
             t.join(30)
         assert [r["value"] if r["status"] == "completed" else r for r in results] == list(range(threads))
+
+
+@pytest.mark.timeout(60)
+def test_a_run_replayed_past_its_deadline_is_suspended_not_failed_when_its_slow_tool_answers(make_codemode):
+    # Found by a 300 s `make soak`: a parked run whose worker was killed is replayed at once for
+    # its async waiter; the replay (re-running 0.6 s of the cell) was still running when the
+    # deadline came, so the waiter slept until the replay's kill time, and nothing woke it when
+    # the replay parked the run again past its deadline. The slow tool's answer then came to a
+    # run "past its deadline and running", which failed it with `timeout`. A run parked past its
+    # deadline is suspended (`waiting`) as any other; its next `wait` delivers the answer.
+    cm = make_codemode({"workers": 1, "timeoutMs": 1000})
+    parked = threading.Event()
+
+    @cm.tool
+    async def quick(i: int) -> int:
+        return i
+
+    @cm.tool
+    async def slow(ms: int) -> int:
+        parked.set()
+        await asyncio.sleep(ms / 1000)
+        return 7
+
+    code = (
+        "let t = 0; for (let i = 0; i < 3; i++) t += await tools.quick({i});"  # three batches to replay
+        " const end = Date.now() + 600; while (Date.now() < end) {}"  # the replay runs this again
+        " return t + await tools.slow({ms: 2500})"
+    )
+
+    async def main() -> dict[str, Any]:
+        s = cm.session()
+        run = asyncio.create_task(s.exec_async({"code": code}))
+        await until(parked.is_set, "the run parked on its slow tool", [run])
+        os.kill(only_worker_pid(cm), signal.SIGKILL)
+        result = await run
+        assert result["status"] == "waiting", result
+        while result["status"] == "waiting":
+            result = await s.wait_async({"runId": result["runId"]})
+        return result
+
+    result = asyncio.run(main())
+    assert result["status"] == "completed" and result["value"] == 10, result

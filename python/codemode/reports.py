@@ -205,3 +205,8 @@ class ReportRouter:
             fleet.frames.enqueue(run, "settle", out)
         elif run.waiter is not None and run.awaits_only_approvals():
             fleet.end(run, "suspended", out, reason="pending_tools")
+        elif run.waiter is not None:
+            # Parked again: its waiter, which may have gone to sleep until the replay's kill
+            # time, looks now (it suspends the run if its deadline has passed meanwhile; a tool
+            # answering later would find it past its deadline, as if it had run all along).
+            out.append(run.waiter.poke)
