@@ -9,7 +9,7 @@
 //!
 //! The trap (ENGINE_NOTES.md): a pipe's wake-up often puts the woken process on the waker's CPU,
 //! and a spinner there starves the process it waits for. So a [`Spin::Yielding`] poll gives
-//! the CPU away on each turn (`sched_yield`) and stops polling once two yields in a row took
+//! the CPU away on each turn (`sched_yield`) and stops polling once two of its yields took
 //! long: another task runs on this CPU, maybe the very one that is to write, and sleeping is
 //! then the fastest way to let it. (One long yield may be a kernel thread's brief turn.)
 
@@ -103,18 +103,15 @@ fn move_off_this_cpu() -> bool {
 /// Only widening its set is not enough: a woken thread goes back to the CPU it slept on when
 /// that is idle.
 pub fn come_back() {
-    let mut away = AWAY.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some((ours, left_out)) = away.take() {
-        // SAFETY: plain bit sets; pid 0 is this thread.
-        unsafe {
-            let mut now: libc::cpu_set_t = std::mem::zeroed();
-            if libc::sched_getaffinity(0, SET_SIZE, &mut now) == 0 && libc::CPU_EQUAL(&ours, &now) {
-                let mut there: libc::cpu_set_t = std::mem::zeroed();
-                libc::CPU_SET(left_out, &mut there);
-                libc::sched_setaffinity(0, SET_SIZE, &there);
-                libc::CPU_SET(left_out, &mut now);
-                libc::sched_setaffinity(0, SET_SIZE, &now);
-            }
+    let Some((now, given)) = cpu_sets() else { return };
+    let left = AWAY.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+    // SAFETY: plain bit sets; pid 0 is this thread; `left_out` is below CPU_SETSIZE.
+    unsafe {
+        if let Some((_, left_out)) = left.filter(|_| !libc::CPU_EQUAL(&now, &given)) {
+            let mut there: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(left_out, &mut there);
+            libc::sched_setaffinity(0, SET_SIZE, &there);
+            libc::sched_setaffinity(0, SET_SIZE, &given);
         }
     }
 }

@@ -120,7 +120,8 @@ fn serve() -> Result<(), Fatal> {
     // idle gap of some ms, a CPU of its own has halted deep and waking it there costs more than
     // a wake-up on the host's CPU (`codemode_spin::come_back`).
     let mut spin = None;
-    let (mut replied_at, mut parked_at, mut quick_answers) = (None::<Instant>, None, true);
+    // When the last reply went, whether it parked the run, whether its answers came quick.
+    let (mut replied_at, mut was_parked, mut quick_answers) = (None::<Instant>, false, true);
     loop {
         // Whether the frame came while the worker polled (on a CPU of its own, most likely) or
         // woke it (onto its host's CPU, most likely: a pipe's wake-up is a sync one).
@@ -150,7 +151,7 @@ fn serve() -> Result<(), Fatal> {
         };
         // Whether this frame came within the poll window of the last reply: back to back.
         let quick = replied_at.is_some_and(|at| at.elapsed() <= SPIN);
-        if parked_at.take().is_some() {
+        if was_parked {
             quick_answers = quick;
         }
         let frame: HostFrame = protocol::decode(reader.body(len))?;
@@ -164,8 +165,7 @@ fn serve() -> Result<(), Fatal> {
             send(reply)?;
         }
         let parked = matches!(&reply, Some(WorkerFrame::Report(report)) if report.status == Status::Pending);
-        replied_at = Some(Instant::now());
-        parked_at = parked.then_some(());
+        (replied_at, was_parked) = (Some(Instant::now()), parked);
         spin = match parked {
             true if !quick_answers || !(polled || codemode_spin::away()) => None,
             true => Some(Spin::Yielding),
