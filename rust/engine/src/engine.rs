@@ -399,15 +399,15 @@ struct State {
     clock_replay: Vec<ClockRun>,
     /// A fixed clock's next reading (`fix_clock`): each read gives it and moves it on 1 ms.
     clock_fixed: Option<f64>,
+    /// The cell has written to `store` (its writes are read when it completes).
+    stored: bool,
 }
 
 /// The prelude functions Rust calls; never reachable from guest code.
 struct Internals {
-    run_cell: Persistent<Function<'static>>,
+    start_cell: Persistent<Function<'static>>,
     describe_error: Persistent<Function<'static>>,
     make_error: Persistent<Function<'static>>,
-    seed: Persistent<Function<'static>>,
-    install_run: Persistent<Function<'static>>,
     store_writes: Persistent<Function<'static>>,
 }
 
@@ -480,6 +480,7 @@ impl Engine {
             clock_reads: Vec::new(),
             clock_replay: Vec::new(),
             clock_fixed: None,
+            stored: false,
         }));
         let internals = context.with(|ctx| install_prelude(&ctx, PRELUDE_BYTECODE, &state, &flags))?;
         Ok(Engine { cell: None, decided: None, internals, state, context, runtime, flags, started: false })
@@ -529,12 +530,6 @@ impl Engine {
         self.flags.set_deadline_in(timeout_ms);
         let internals = &self.internals;
         let started = self.context.with(|ctx| -> Result<Persistent<Promise<'static>>, Failure> {
-            let seed_fn = internals.seed.clone().restore(&ctx).map_err(|e| internal(&ctx, e))?;
-            seed_fn.call::<_, ()>(((seed >> 32) as u32 as i32, seed as u32 as i32)).map_err(|e| internal(&ctx, e))?;
-            if run_json != "{}" {
-                let install = internals.install_run.clone().restore(&ctx).map_err(|e| internal(&ctx, e))?;
-                install.call::<_, ()>((run_json,)).map_err(|e| internal(&ctx, e))?;
-            }
             let mut options = EvalOptions::default();
             options.global = true;
             // Sloppy, as a JavaScript engine runs a script: the front end parsed the cell so.
@@ -544,8 +539,12 @@ impl Engine {
                 let (name, message, stack) = describe(&ctx, &internals.describe_error, e);
                 Failure { code: Some(ErrorCode::InvalidInput), name, message, stack }
             })?;
-            let run_cell = internals.run_cell.clone().restore(&ctx).map_err(|e| internal(&ctx, e))?;
-            let promise: Promise = run_cell.call((cell,)).map_err(|e| internal(&ctx, e))?;
+            // (Compiling the cell ran none of it: it is seeded and set up before it runs, in
+            // the one prelude call that starts it.)
+            let [a, b, c, d] = random_state(seed).map(|word| word as i32);
+            let run = (run_json != "{}").then_some(run_json);
+            let start_cell = internals.start_cell.clone().restore(&ctx).map_err(|e| internal(&ctx, e))?;
+            let promise: Promise = start_cell.call((cell, a, b, c, d, run)).map_err(|e| internal(&ctx, e))?;
             Ok(Persistent::save(&ctx, promise))
         });
         match started {
@@ -715,6 +714,9 @@ impl Engine {
 
     /// The cell's `store` writes, read once it completed (a prelude call: no guest code runs).
     fn store_writes(&self) -> Option<String> {
+        if !self.state.borrow().stored {
+            return None;
+        }
         let store_writes = &self.internals.store_writes;
         self.context.with(|ctx| {
             let f = store_writes.clone().restore(&ctx).ok()?;
@@ -802,6 +804,21 @@ pub(crate) fn run_bytecode<'js>(ctx: &Ctx<'js>, bytecode: &[u8]) -> Result<Value
     }
 }
 
+/// `Math.random`'s state (sfc32) for a run's seed: the seed's halves mixed with two constants,
+/// then 12 rounds discarded (the prelude's `random`, as 32-bit words).
+fn random_state(seed: u64) -> [u32; 4] {
+    let (hi, lo) = ((seed >> 32) as u32, seed as u32);
+    let mut s = [hi, lo, hi ^ 0x9e37_79b9, lo ^ 0x85eb_ca6b];
+    for _ in 0..12 {
+        let t = s[0].wrapping_add(s[1]).wrapping_add(s[3]);
+        s[3] = s[3].wrapping_add(1);
+        s[0] = s[1] ^ (s[1] >> 9);
+        s[1] = s[2].wrapping_add(s[2] << 3);
+        s[2] = s[2].rotate_left(21).wrapping_add(t);
+    }
+    s
+}
+
 /// Loads the prelude bytecode, hands it the host functions, and keeps the internals it returns.
 fn install_prelude<'js>(
     ctx: &Ctx<'js>,
@@ -882,6 +899,9 @@ fn install_prelude<'js>(
             },
         )?,
     )?;
+
+    let stored_state = state.clone();
+    host.set("stored", Function::new(ctx.clone(), move || stored_state.borrow_mut().stored = true)?)?;
 
     let last_call_state = state.clone();
     host.set("lastCall", Function::new(ctx.clone(), move || -> u32 { last_call_state.borrow().last_call_id })?)?;
@@ -1081,11 +1101,9 @@ fn install_prelude<'js>(
         Ok(Persistent::save(ctx, f))
     };
     Ok(Internals {
-        run_cell: get("runCell")?,
+        start_cell: get("startCell")?,
         describe_error: get("describeError")?,
         make_error: get("makeError")?,
-        seed: get("seed")?,
-        install_run: get("installRun")?,
         store_writes: get("storeWrites")?,
     })
 }

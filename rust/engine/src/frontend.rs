@@ -202,14 +202,35 @@ fn guarded(source: &str, language: Language, depth_budget: usize) -> Option<Resu
     })
 }
 
+/// A thread's AST arena is kept between cells up to this size (reset, not freed): a cell then
+/// parses into memory that is already mapped, and cache-warm when cells come often.
+const KEPT_ARENA_BYTES: usize = 1 << 20;
+
+thread_local! {
+    static ARENA: std::cell::RefCell<Option<Allocator>> = const { std::cell::RefCell::new(None) };
+}
+
 fn prepare_inner(source: &str, language: Language, depth_budget: usize) -> Option<Result<String, FrontendError>> {
-    // A fresh arena per call: allocating it is cheap (chunks are created
-    // lazily) and avoids sharing mutable state across threads.
-    let allocator = Allocator::default();
+    // The thread's kept arena (none if a panic left it out, or on a nested call), else a new one.
+    let mut allocator = ARENA.with(|kept| kept.borrow_mut().take()).unwrap_or_default();
+    let done = prepare_in(&allocator, source, language, depth_budget);
+    if allocator.capacity() <= KEPT_ARENA_BYTES {
+        allocator.reset();
+        ARENA.with(|kept| *kept.borrow_mut() = Some(allocator));
+    }
+    done
+}
+
+fn prepare_in(
+    allocator: &Allocator,
+    source: &str,
+    language: Language,
+    depth_budget: usize,
+) -> Option<Result<String, FrontendError>> {
     match language {
-        Language::JavaScript => check_script(&allocator, source, depth_budget),
+        Language::JavaScript => check_script(allocator, source, depth_budget),
         Language::TypeScript => {
-            let parsed = parse_module(&allocator, source, language);
+            let parsed = parse_module(allocator, source, language);
             if let Err(e) = check_parse(source, &parsed, 0) {
                 return Some(Err(e));
             }
@@ -217,7 +238,7 @@ fn prepare_inner(source: &str, language: Language, depth_budget: usize) -> Optio
             if let Err(e) = check_module_access(source, &program, 0, depth_budget)? {
                 return Some(Err(e));
             }
-            Some(strip_types(&allocator, source, &mut program))
+            Some(strip_types(allocator, source, &mut program))
         }
     }
 }

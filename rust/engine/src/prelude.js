@@ -13,6 +13,7 @@
   const hostEmit = host.emit;
   const hostNow = host.now;
   const hostCheckDepth = host.checkDepth;
+  const hostStored = host.stored;
   const MAX_VALUE_DEPTH = host.maxValueDepth;
 
   const ReflectApply = Reflect.apply;
@@ -627,6 +628,7 @@
   const MAX_STORE_TOTAL = 1048576;
   let committed = ObjectCreate(null);
   const pending = ObjectCreate(null);
+  let wrote = false;
   let storeTotal = 0;
 
   function storeSize(key, text) {
@@ -659,6 +661,10 @@
     const next = storeTotal - storeSize(key, currentText(key)) + storeSize(key, text);
     if (next > MAX_STORE_TOTAL) throw new RangeErrorCtor("store: keys and values may hold at most 1,048,576 characters in total");
     storeTotal = next;
+    if (!wrote) {
+      wrote = true;
+      hostStored(); // (so the host asks for the writes of a cell that made some, only)
+    }
     pending[key] = text;
   }
   function load(key) {
@@ -951,11 +957,8 @@
   ObjectDefineProperty(G, "codemode", { value: ObjectFreeze({ tools: ObjectFreeze({ search: searchNamed, describe: describeNamed, call }) }), enumerable: false });
 
   // ---- determinism: seeded Math.random and a journaled clock ---------------------------------
+  // The state is seeded by the host, which also runs sfc32's first 12 rounds (`startCell`).
   let s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  function seed(hi, lo) {
-    s0 = hi | 0; s1 = lo | 0; s2 = (hi ^ 0x9e3779b9) | 0; s3 = (lo ^ 0x85ebca6b) | 0;
-    for (let i = 0; i < 12; i++) random();
-  }
   // sfc32: small, fast, and good enough for guest code that wants variety, not secrets.
   function random() {
     const t = (((s0 + s1) | 0) + s3) | 0;
@@ -1015,6 +1018,13 @@
   ObjectDefineProperty(G, "console", { value: console, enumerable: false, writable: true, configurable: true });
 
   // ---- internals handed back to Rust (never reachable from the guest) ------------------------
+  // One call starts a cell: its seeded random state, its run's set-up (`installRun`; absent
+  // when it has none), then the cell itself.
+  function startCell(fn, a, b, c, d, run) {
+    s0 = a; s1 = b; s2 = c; s3 = d;
+    if (run !== undefined) installRun(run);
+    return runCell(fn);
+  }
   async function runCell(fn) {
     const value = await fn();
     const json = toJson(value, "the cell's value");
@@ -1052,5 +1062,5 @@
     return new ErrorCtor(StringCtor(message));
   }
 
-  return { runCell, describeError, makeError, seed, installRun, storeWrites };
+  return { startCell, describeError, makeError, storeWrites };
 })
