@@ -60,7 +60,7 @@ def _pipe_worker(rfd: int) -> WorkerProcess:
     worker = WorkerProcess.__new__(WorkerProcess)
     worker.proc = _Exited()  # type: ignore[assignment]
     worker.rfd = rfd
-    worker.reader = protocol.FrameReader(rfd)
+    worker.reader = protocol.frame_reader(rfd)
     worker._bad = None
     worker._poller = select.poll()
     worker._poller.register(rfd, select.POLLIN)

@@ -39,7 +39,7 @@ def echo() -> Iterator[Echo]:
     """A frame body through ``codemode-worker echo``: its re-encoding, or the reason it refused."""
     proc = subprocess.Popen([WORKER_BINARY, "echo"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={}, bufsize=0)
     assert proc.stdin is not None and proc.stdout is not None
-    reader = protocol.FrameReader(proc.stdout.fileno())
+    reader = protocol.frame_reader(proc.stdout.fileno())
 
     def through(body: bytes) -> Any:
         protocol.write_all(proc.stdin.fileno(), len(body).to_bytes(4, "big") + body)  # type: ignore[union-attr]

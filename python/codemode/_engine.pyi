@@ -19,6 +19,7 @@ __all__ = [
     "Catalog",
     "Engine",
     "EngineInitError",
+    "FrameReader",
     "Limits",
     "Outcome",
     "SemanticModel",
@@ -129,6 +130,19 @@ class Catalog:
     def search_mode(self) -> Literal["hybrid", "bm25"]: ...
     def search(self, query: str, limit: int) -> str: ...
     def describe(self, id_or_name: str) -> str | None: ...
+
+@final
+class FrameReader:
+    """Length-prefixed frames (a 4-byte big-endian length, then the body) read from ``fd`` into
+    one buffer kept for the pipe's life (``protocol.frame_reader``)."""
+
+    def __new__(cls, fd: int, max_bytes: int) -> FrameReader: ...
+    def read(self) -> list[bytes] | None:
+        """One ``read`` (the GIL released), then the body of every whole frame buffered; None at
+        end of file. ``ProtocolError`` for a frame over ``max_bytes``; ``OSError`` if the read
+        fails."""
+    def read_blocking(self) -> bytes | None:
+        """The next frame's body, blocking; None at end of file."""
 
 @final
 class Engine:

@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 
 import msgspec
 
+from ._engine import FrameReader
 from .errors import ProtocolError
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "bounded_bytes",
     "decode_guest_json",
     "encode",
+    "frame_reader",
     "input_hash",
     "too_heavy",
     "utf8_len",
@@ -190,54 +192,13 @@ def encode(frame: msgspec.Struct) -> bytes:
     return _HEADER.pack(len(body)) + body
 
 
-class FrameReader:
-    """Reads length-prefixed frames from a file descriptor, buffering short reads.
-
-    ``poll()`` returns a complete frame body if one is buffered; ``fill()`` does one ``read``
-    (the caller has checked the descriptor is readable, or accepts blocking).
-    """
-
-    __slots__ = ("_buf", "_fd", "_max")
-
-    def __init__(self, fd: int, max_bytes: int = MAX_FRAME_BYTES) -> None:
-        self._fd = fd
-        self._buf = bytearray()
-        self._max = max_bytes
-
-    def poll(self) -> bytes | None:
-        buf = self._buf
-        if len(buf) < 4:
-            return None
-        (size,) = _HEADER.unpack_from(buf)
-        if size > self._max:
-            raise ProtocolError(f"frame of {size} bytes exceeds the {self._max}-byte cap")
-        end = 4 + size
-        if len(buf) < end:
-            return None
-        body = bytes(buf[4:end])
-        del buf[:end]
-        return body
-
-    def fill(self) -> bool:
-        """One read; False at end of file."""
-        want = 1 << 16
-        if len(self._buf) >= 4:
-            (size,) = _HEADER.unpack_from(self._buf)
-            want = max(want, min(4 + size - len(self._buf), self._max))
-        chunk = os.read(self._fd, want)
-        if not chunk:
-            return False
-        self._buf += chunk
-        return True
-
-    def read_blocking(self) -> bytes | None:
-        """The next frame, blocking; None at end of file."""
-        while True:
-            body = self.poll()
-            if body is not None:
-                return body
-            if not self.fill():
-                return None
+def frame_reader(fd: int, max_bytes: int = MAX_FRAME_BYTES) -> FrameReader:
+    """Reads length-prefixed frames from ``fd`` into one buffer kept for the pipe's life (the
+    extension's `FrameReader`): ``read()`` does one ``read`` (the caller has checked ``fd`` is
+    readable, or accepts blocking) and returns the body of every whole frame buffered, None at
+    end of file; ``read_blocking()`` returns the next body. A frame over ``max_bytes`` is a
+    ``ProtocolError``."""
+    return FrameReader(fd, max_bytes)
 
 
 def write_all(fd: int, data: bytes) -> None:

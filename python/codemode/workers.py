@@ -68,7 +68,7 @@ class FrameSource:
 
     def __init__(self, rfd: int) -> None:
         self.rfd = rfd
-        self.reader = protocol.FrameReader(rfd)
+        self.reader = protocol.frame_reader(rfd)
         self._poller = select.poll()
         self._poller.register(rfd, select.POLLIN)
         #: A malformed frame read after good ones (raised by the next `receive`).
@@ -97,10 +97,11 @@ class FrameSource:
         frames before it have been returned."""
         if self._bad is not None:
             raise self._bad
-        if not self.reader.fill():
+        bodies = self.reader.read()
+        if bodies is None:
             return None
         frames = []
-        while (body := self.reader.poll()) is not None:
+        for body in bodies:
             try:
                 frames.append(protocol.worker_decoder.decode(body))
             except msgspec.DecodeError as e:

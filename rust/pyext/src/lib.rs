@@ -3,10 +3,11 @@
 //! Only argument conversion lives here. An outcome crosses as an `Outcome` of named fields (the
 //! engine's `Outcome`, flattened as the worker's `Report` frame carries it). The engine is not
 //! `Send`, and its users here (the host's probe of the guest's globals) are single-threaded, so
-//! there is no `detach` around it. The host uses two helpers from here: `spin_readable`, which
-//! does detach, and `current_cpu`.
+//! there is no `detach` around it. The host uses three helpers from here: `spin_readable` and the
+//! `FrameReader` of a worker's pipe (`frames`), which detach, and `current_cpu`.
 
 mod errors;
+mod frames;
 mod semantic;
 
 use std::sync::Arc;
@@ -226,6 +227,7 @@ fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Limits>()?;
     m.add_class::<Catalog>()?;
     m.add_class::<semantic::SemanticModel>()?;
+    m.add_class::<frames::FrameReader>()?;
     m.add_function(wrap_pyfunction!(spin_readable, m)?)?;
     m.add_function(wrap_pyfunction!(current_cpu, m)?)?;
     m.add("EngineInitError", m.py().get_type::<errors::EngineInitError>())?;
@@ -262,6 +264,7 @@ fn _engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
             "Catalog",
             "Engine",
             "EngineInitError",
+            "FrameReader",
             "Limits",
             "Outcome",
             "SemanticModel",
