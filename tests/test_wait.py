@@ -293,6 +293,33 @@ def test_worker_killed_with_three_suspended_runs_all_complete_by_replay(make_cod
     assert all("output" not in d for d in done)
 
 
+def test_a_replay_runs_against_the_catalog_its_run_started_with_after_the_catalog_changed(make_codemode):
+    """A tool added while a run is suspended is not in its catalog, resident or replayed (its
+    worker killed): the journal's catalog is the one a replay configures its worker with."""
+    cm = make_codemode({"workers": 1})
+
+    @cm.tool
+    def first(x: int) -> int:
+        return x
+
+    s = cm.session()
+    has = "async (name) => { try { await tools.describe(name); return true } catch { return false } }"
+    code = f"const has = {has}; const a = await yield_control(); return [a, await has('first'), await has('second')]"
+    resident, replayed = exec_(s, code), exec_(s, code)
+
+    @cm.tool
+    def second(x: int) -> int:
+        return x
+
+    assert exec_(s, f"return await ({has})('second')")["value"] is True
+    assert s.wait({"runId": resident["runId"], "answer": 1})["value"] == [1, True, False]
+    for pid in cm.inspect().worker_pids:
+        os.kill(pid, signal.SIGKILL)
+    done = s.wait({"runId": replayed["runId"], "answer": 2})
+    assert done["value"] == [2, True, False], done
+    assert exec_(s, f"return await ({has})('second')")["value"] is True
+
+
 def test_replay_that_diverges_from_the_journal_fails(make_codemode, gate):
     cm = make_codemode({"workers": 1, "timeoutMs": 300})
     add_tools(cm, gate)

@@ -100,7 +100,12 @@ class RunFactory:
             return current, view
 
     def configure_for(self, run: Run) -> Configure:
-        """What a replay of ``run`` needs: the catalog it started with (its dispatcher's view)."""
+        """What a replay of ``run`` needs: the catalog it started with (its dispatcher's view):
+        the configuration of the current catalog while that is the same one (the object idle
+        workers were primed with), else one built from the run's view."""
+        current = self._configure
+        if current is not None and current.fingerprint == run.journal.catalog_fingerprint:
+            return current
         view = run.dispatcher.view
         return Configure(run.journal.limits, view.catalog_json, view.fingerprint, semantic.worker_pack(view.counts))
 

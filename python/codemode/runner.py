@@ -231,10 +231,9 @@ class Runner:
         try:
             run.dispatcher.parent = self._factory.next_parent("wait")
             run.dispatcher.span = tracing.run_span(run_id)
-            configure, view = self._factory.configuration()
-            if view.fingerprint != run.journal.catalog_fingerprint:
-                # A replay must see the catalog the run started with; the journal records which.
-                configure = self._factory.configure_for(run)
+            # A replay must see the catalog the run started with (the journal records which),
+            # whatever the catalog is now.
+            configure = self._factory.configure_for(run)
         except Exception as e:
             return self._broken(run, started, e)
         return run, configure, answer
