@@ -8,7 +8,9 @@ a Node worker thread, the reference design; spawned once, timed inside Node). Wo
 cell (after a pause, and back to back), ten sequential awaited calls to a host tool, filtering 1,000
 records built in the cell, a suspend/resume cycle, and a cold start. Every warm round but the
 back-to-back ones follows a short untimed pause, as in ``benches/test_codemode.py``'s idle numbers;
-every result is checked. Prints the table (medians and
+every result is checked. The in-process peers take turns in `PASSES` passes, each with its
+share of the rounds, so that a drift of this VM's speed over the minutes of a run (its wake-up
+costs come and go) lands on each of them alike. Prints the table (medians and
 peer/codemode ratios), writes ``results.json`` beside this file and the chart ``docs/peers.png``,
 and with ``--write`` replaces the table between the peers markers of that README.
 """
@@ -43,6 +45,8 @@ COLD_GAP_S = 0.2  # before each cold round: the previous instance's teardown fin
 WARMUP = 10
 ROUNDS = {"trivial": 300, "b2b": 300, "toolcalls": 200, "filter": 200, "suspend": 200, "cold": 15}
 QUICK_ROUNDS = {"trivial": 30, "b2b": 30, "toolcalls": 20, "filter": 20, "suspend": 20, "cold": 3}
+#: Turns the in-process peers take (each runs its workloads with ROUNDS / PASSES rounds a turn).
+PASSES = 3
 
 #: workload -> (table label, chart label)
 WORKLOADS = {
@@ -528,15 +532,21 @@ def main() -> None:
         print(
             f">> load average {load_before[0]:.2f}: other work on this machine will skew the figures", file=sys.stderr
         )
+    passes = 1 if args.quick else PASSES
+    share = {workload: -(-n // passes) for workload, n in rounds.items()}
     raw: dict[str, dict[str, Samples]] = {}
-    for key, runner in (
-        ("codemode", bench_codemode),
-        ("mini-racer", bench_mini_racer),
-        ("quickjs", bench_quickjs),
-        ("monty", bench_monty),
-    ):
-        print(f">> {key}", file=sys.stderr, flush=True)
-        raw[key] = runner(rounds)
+    for turn in range(passes):
+        for key, runner in (
+            ("codemode", bench_codemode),
+            ("mini-racer", bench_mini_racer),
+            ("quickjs", bench_quickjs),
+            ("monty", bench_monty),
+        ):
+            print(f">> {key} (pass {turn + 1} of {passes})", file=sys.stderr, flush=True)
+            pooled = raw.setdefault(key, {})
+            for workload, samples in runner(share).items():
+                kept = pooled.get(workload, [])
+                pooled[workload] = samples if isinstance(samples, str) or isinstance(kept, str) else kept + samples
     print(">> node", file=sys.stderr, flush=True)
     raw["node"], node_info = bench_node(rounds)
 
@@ -546,6 +556,7 @@ def main() -> None:
         "cpu": machine(),
         "versions": versions(node_info),
         "rounds": rounds,
+        "passes": passes,
         "pause_before_warm_round_s": GAP_S,
         "pause_before_cold_round_s": COLD_GAP_S,
         "node_snapshot_bytes": node_info.get("snapshot_bytes"),
