@@ -211,14 +211,18 @@ thread_local! {
 }
 
 fn prepare_inner(source: &str, language: Language, depth_budget: usize) -> Option<Result<String, FrontendError>> {
-    // The thread's kept arena (none if a panic left it out, or on a nested call), else a new one.
-    let mut allocator = ARENA.with(|kept| kept.borrow_mut().take()).unwrap_or_default();
-    let done = prepare_in(&allocator, source, language, depth_budget);
-    if allocator.capacity() <= KEPT_ARENA_BYTES {
-        allocator.reset();
-        ARENA.with(|kept| *kept.borrow_mut() = Some(allocator));
-    }
-    done
+    // On the system heap whoever calls: the kept arena outlives any engine's heap (a chunk
+    // allocated inside one would be overwritten by its reset).
+    crate::arena::outside(|| {
+        // The thread's kept arena (none if a panic left it out), else a new one.
+        let mut allocator = ARENA.with(|kept| kept.borrow_mut().take()).unwrap_or_default();
+        let done = prepare_in(&allocator, source, language, depth_budget);
+        if allocator.capacity() <= KEPT_ARENA_BYTES {
+            allocator.reset();
+            ARENA.with(|kept| *kept.borrow_mut() = Some(allocator));
+        }
+        done
+    })
 }
 
 fn prepare_in(
