@@ -57,21 +57,22 @@ impl FrameReader {
         let want = pending.max(CHUNK);
         self.buf.reserve(want);
         let (fd, spare) = (self.fd, self.buf.spare_capacity_mut().as_mut_ptr() as usize);
-        let got = py.detach(|| loop {
-            // SAFETY: `spare` is the start of `want` bytes of this buffer's spare capacity,
-            // which nothing else touches while the GIL is released (the reader is borrowed
-            // mutably for this call).
-            let n = unsafe { libc::read(fd, spare as *mut libc::c_void, want) };
-            if n >= 0 {
-                break Ok(n as usize);
+        let got = loop {
+            let read = py.detach(|| {
+                // SAFETY: `spare` is the start of `want` bytes of this buffer's spare capacity,
+                // which nothing else touches while the GIL is released (the reader is borrowed
+                // mutably for this call).
+                let n = unsafe { libc::read(fd, spare as *mut libc::c_void, want) };
+                usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
+            });
+            match read {
+                Ok(n) => break n,
+                // A signal: its Python handler runs (and may raise), as `os.read` does.
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => py.check_signals()?,
+                Err(e) => return Err(e.into()),
             }
-            let error = std::io::Error::last_os_error();
-            if error.kind() != std::io::ErrorKind::Interrupted {
-                break Err(error);
-            }
-        });
-        let got = got.map_err(PyErr::from)?; // (an OSError)
-                                             // SAFETY: `read` initialized `got` bytes of the spare capacity.
+        };
+        // SAFETY: `read` initialized `got` bytes of the spare capacity.
         unsafe { self.buf.set_len(self.buf.len() + got) };
         Ok(got > 0)
     }
