@@ -20,7 +20,17 @@ ROWS = [
     ("warm `exec` of `return 1+1`, idle worker (median)", "test_exec_trivial_idle", "<= 60 µs"),
     ("warm `exec`, back to back (median)", "test_exec_trivial_back_to_back", ""),
     ("one bare pipe round trip, idle (median)", "test_pipe_roundtrip_idle", "9-24 µs"),
+    (
+        "the same cell's frame written to a bare worker, no host code, idle (median)",
+        "test_worker_alone_trivial_idle",
+        "",
+    ),
     ("cell with 10 sequential awaited tool calls (median)", "test_exec_ten_sequential_tool_calls_idle", ""),
+    (
+        "the same cell's frames written to a bare worker, no host code, idle (median)",
+        "test_worker_alone_ten_tool_calls_idle",
+        "",
+    ),
     (
         "`wait` on a resident suspended run whose tool has answered (median)",
         "test_wait_on_resident_run_whose_tool_finished",
@@ -113,10 +123,18 @@ def _latency_ratios(median: dict[str, float]) -> list[str]:
         derived.append(
             f"back-to-back exec / monty back to back: **{b2b / median['test_monty_trivial_warm_session']:.2f}x**"
         )
+    alone = median.get("test_worker_alone_trivial_idle")
+    if alone and "test_pipe_roundtrip_idle" in median:
+        derived.append(f"bare worker / pipe round trip: **{alone / median['test_pipe_roundtrip_idle']:.1f}x**")
+    if alone and exec_idle:
+        derived.append(f"the host's part of an idle exec: **{fmt(exec_idle - alone)}**")
     ten = median.get("test_exec_ten_sequential_tool_calls_idle")
     if ten and exec_idle:
         per_call = (ten - exec_idle) / 10
         derived.append(f"per sequential tool call: **{fmt(per_call)}** (budget <= 20 µs)")
+        ten_alone = median.get("test_worker_alone_ten_tool_calls_idle")
+        if alone and ten_alone:
+            derived.append(f"of which the host's: **{fmt((ten - ten_alone - (exec_idle - alone)) / 10)}**")
         if "test_monty_toolcalls_start_resume" in median:
             derived.append(
                 f"10 tool calls / monty's 10 calls: **{ten / median['test_monty_toolcalls_start_resume']:.2f}x**"

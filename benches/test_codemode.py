@@ -11,12 +11,16 @@ Two views of a warm exec:
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from codemode import CodeMode
+from codemode import CodeMode, protocol, workers
+from codemode._engine import spin_readable
+from codemode.workers import WORKER_BINARY, popen_worker
 
 GAP_S = 0.002
 TEN_CALLS = "let t = 0; for (let i = 0; i < 10; i++) t += await tools.double({x: i}); return t"
@@ -65,6 +69,104 @@ def test_pipe_roundtrip_idle(benchmark, echo_child):
 def test_exec_ten_sequential_tool_calls_idle(benchmark, session):
     result = benchmark.pedantic(session.exec, args=({"code": TEN_CALLS},), setup=_pause, rounds=300, warmup_rounds=10)
     assert result["value"] == 90
+
+
+class BareWorker:
+    """A worker process driven with the fewest host steps there are: each frame recorded from
+    a real exec is written as it was, and each reply read the way the host reads one (a short
+    spin, then the frame reader). What an idle exec costs beyond this is the host's."""
+
+    def __init__(self, configure: bytes) -> None:
+        self.proc = popen_worker([str(WORKER_BINARY)])
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.wfd, self.rfd = self.proc.stdin.fileno(), self.proc.stdout.fileno()
+        self.reader = protocol.frame_reader(self.rfd)
+        assert isinstance(self.reply(), protocol.Ready)
+        os.write(self.wfd, configure)
+
+    def reply(self) -> protocol.WorkerFrame:
+        while True:
+            spin_readable(self.rfd, workers.SPIN_S, True)
+            bodies = self.reader.read()
+            assert bodies is not None, "the worker exited"
+            if bodies:
+                return protocol.worker_decoder.decode(bodies[-1])
+
+    def drive(self, frames: list[bytes]) -> protocol.WorkerFrame:
+        """Writes each host frame after the reply to the one before; the last reply."""
+        reply = None
+        for frame in frames:
+            os.write(self.wfd, frame)
+            reply = self.reply()
+        assert reply is not None
+        return reply
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=5)
+        self.proc.stdout.close()
+
+
+def _recorded(*cells: str) -> tuple[bytes, list[list[bytes]]]:
+    """The frames a host writes for each cell (its second exec: the first is a warm-up), on a
+    new ``CodeMode`` with the benches' tool, and the last configuration it wrote."""
+    written: list[tuple[str, bytes]] = []
+    encode = protocol.encode
+
+    def recording(frame: Any) -> bytes:
+        data = encode(frame)
+        written.append((type(frame).__name__, data))
+        return data
+
+    recorded = []
+    configure = b""
+    workers.protocol.encode = recording  # type: ignore[attr-defined]
+    try:
+        with CodeMode({"workers": 1}) as cm:
+
+            @cm.tool
+            def double(x: int) -> int:
+                return x * 2
+
+            session = cm.session("recorded")
+            for code in cells:
+                session.exec({"code": code})
+                configure = next((data for kind, data in reversed(written) if kind == "Configure"), configure)
+                written.clear()
+                session.exec({"code": code})
+                recorded.append([data for _, data in written])
+                written.clear()
+    finally:
+        workers.protocol.encode = encode  # type: ignore[attr-defined]
+    return configure, recorded
+
+
+@pytest.fixture(scope="module")
+def bare():
+    """A bare worker, and the frames of a trivial cell and of ten tool calls to drive it with."""
+    configure, (trivial, ten) = _recorded("return 1 + 1", TEN_CALLS)
+    worker = BareWorker(configure)
+    yield worker, trivial, ten
+    worker.close()
+
+
+@pytest.mark.benchmark(group="trivial")
+def test_worker_alone_trivial_idle(benchmark, bare):
+    """The idle exec's cell with no host in between: its recorded frame written to a worker
+    of its own after the same pause, the report read."""
+    worker, trivial, _ = bare
+    report = benchmark.pedantic(worker.drive, args=(trivial,), setup=_pause, rounds=400, warmup_rounds=20)
+    assert isinstance(report, protocol.Report) and report.value == "2"
+
+
+@pytest.mark.benchmark(group="toolcalls")
+def test_worker_alone_ten_tool_calls_idle(benchmark, bare):
+    """The ten-call cell with no host in between: each call answered with the frame the host
+    wrote for it, at once."""
+    worker, _, ten = bare
+    report = benchmark.pedantic(worker.drive, args=(ten,), setup=_pause, rounds=300, warmup_rounds=10)
+    assert isinstance(report, protocol.Report) and report.value == "90"
 
 
 @pytest.mark.benchmark(group="cold")
