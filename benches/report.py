@@ -21,13 +21,13 @@ ROWS = [
     ("warm `exec`, back to back (median)", "test_exec_trivial_back_to_back", ""),
     ("one bare pipe round trip, idle (median)", "test_pipe_roundtrip_idle", "9-24 µs"),
     (
-        "the same cell's frame written to a bare worker, no host code, idle (median)",
+        "`return 1+1` as its recorded frame, to a bare worker: no host code (median, idle)",
         "test_worker_alone_trivial_idle",
         "",
     ),
     ("cell with 10 sequential awaited tool calls (median)", "test_exec_ten_sequential_tool_calls_idle", ""),
     (
-        "the same cell's frames written to a bare worker, no host code, idle (median)",
+        "the same 10 calls as their recorded frames, to a bare worker: no host code (median, idle)",
         "test_worker_alone_ten_tool_calls_idle",
         "",
     ),
