@@ -293,6 +293,8 @@ class CallPlanner:
         if self._read_only and self.view.needs_approval(tool):
             message = f"tool {tool_id} waits for approval: a restartSafe run may only call tools that need none"
             return answer(call_id, resolved, message)
+        if tool_id is target.tool_id and resolved is target.resolved:
+            return tool, target
         return tool, target._replace(tool_id=tool_id, resolved=resolved)
 
     @staticmethod

@@ -16,6 +16,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -76,7 +77,17 @@ class ToolStarter:
             ):
                 return  # suspended: the next `wait` delivers it (in a shared store, wherever it lands)
             else:
-                fleet.frames.enqueue(run, "settle" if run.lane is not None else "replay", out)
+                # Landed on the thread that waits for the run, which reads the reply itself: to
+                # an idle worker, the settle goes straight out (`FrameQueue.send_direct`).
+                waiter = run.waiter
+                direct = (
+                    waiter is not None
+                    and waiter.loop is None
+                    and waiter.thread == threading.get_ident()
+                    and fleet.frames.send_direct(run, "settle", waiter, out)
+                )
+                if not direct:
+                    fleet.frames.enqueue(run, "settle" if run.lane is not None else "replay", out)
         run_all(out)
 
     def release(self, run: Run, out: Out) -> None:
