@@ -186,6 +186,27 @@ def test_an_input_a_hook_rewrites_into_a_wrong_shape_fails_without_running_the_t
     assert ran == []
 
 
+def test_a_hook_or_an_approval_that_changes_the_input_in_place_is_what_the_tool_gets(make_codemode):
+    # The input is converted once, when it is checked; a hook or an approval callback may still
+    # change it (in place, returning nothing), and the tool then gets the changed input.
+    def hook(event: Any) -> None:
+        event.input["a"] = 10
+
+    def approve(event: Any) -> bool:
+        event.input["b"] = 20
+        return True
+
+    for checks in ({"before_tool_call": hook}, {"approve": approve}):
+        cm = make_codemode({"workers": 1}, **checks)
+
+        @cm.tool
+        def add(a: int, b: int) -> int:
+            return a + b
+
+        expected = 12 if "before_tool_call" in checks else 21
+        assert value(cm, "return await tools.add({a: 1, b: 2})") == expected
+
+
 # ---- arguments arrive as their annotations say ----------------------------------------------------
 
 

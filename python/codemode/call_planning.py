@@ -32,12 +32,13 @@ from .approvals import FiledCall
 from .call_gate import CallGate, CallScope, Deferred, HostRequest, op_rejected
 from .call_results import TYPE_NAME, Refused, bounded_error, error_message, exception_text
 from .call_running import FILED, CallRunner
+from .catalog import BoundCall
 from .mcp_api import check_op_input, op_id, op_name, with_defaults
 from .models import ModelRegistry, ModelUsage
 from .outputs import OutputStore, read_call
 from .policy import Policy
 from .protocol import CallResult, too_heavy
-from .tools import AGENTS_TOOL, MCP_TOOL, MODELS_TOOL, NAMESPACE_TOOL, OUTPUT_TOOL
+from .tools import AGENTS_TOOL, MCP_TOOL, MODELS_TOOL, NAMESPACE_TOOL, OUTPUT_TOOL, hinted
 
 if TYPE_CHECKING:
     from .namespaces import CallTable
@@ -218,13 +219,13 @@ class CallPlanner:
         if isinstance(found, Plan):
             return found
         tool, target = found
-        args, problem = self._checked_input(tool, target, input_json)
+        args, bound, problem = self._checked_input(tool, target, input_json)
         if problem is not None:
             return answer(call_id, target.resolved, problem)
         runner = self._runner
         if tool.is_async or self._gate.gate.is_async:
             return Plan(target.resolved, lambda: runner.start_async(call_id, tool, args))
-        return Plan(target.resolved, lambda: runner.run_sync(call_id, tool, args), inline=True)
+        return Plan(target.resolved, lambda: runner.run_sync(call_id, tool, args, bound=bound), inline=True)
 
     def _namespace_target(self, input_json: str) -> tuple[str, Any]:
         """Resolves a namespace function call to ``(tool id, tool input)``; raises ``Refused``."""
@@ -298,24 +299,32 @@ class CallPlanner:
         return tool, target._replace(tool_id=tool_id, resolved=resolved)
 
     @staticmethod
-    def _checked_input(tool: Tool, target: _Target, input_json: str) -> tuple[Any, str | None]:
+    def _checked_input(tool: Tool, target: _Target, input_json: str) -> tuple[Any, BoundCall | None, str | None]:
         """The call's input (decoded here unless its way to the tool decoded it; an MCP tool's
-        defaults filled in), and why it is refused, if it is."""
+        defaults filled in), its arguments when checking it converted it to the tool's
+        parameters (the run uses them unless a hook may have changed the input), and why it is
+        refused, if it is."""
         tool_id, args = target.tool_id, target.args
         if args is _UNDECODED:
             try:
                 args = _decode(input_json)
             except msgspec.DecodeError:
-                return None, f"tool {tool_id}: input is not valid JSON"
+                return None, None, f"tool {tool_id}: input is not valid JSON"
+        parameters = tool.parameters
+        if parameters is not None and parameters.converts:
+            bound = parameters.bind(args)
+            if isinstance(bound, str):
+                return None, None, f"invalid input for tool {tool_id}: {hinted(bound, tool.input_hint)}"
+            return args, bound, None
         if tool.source == "mcp":
             args, problem = with_defaults(tool.input_schema, args)
             if problem is not None:
-                return None, f"invalid input for tool {tool_id}: {problem}"
+                return None, None, f"invalid input for tool {tool_id}: {problem}"
         if tool.check_input is not None and (tool.source == "host" or len(input_json) <= _UNTRUSTED_CHECK_CHARS):
             problem = tool.check_input(args)
             if problem is not None:
-                return None, f"invalid input for tool {tool_id}: {problem}"
-        return args, None
+                return None, None, f"invalid input for tool {tool_id}: {problem}"
+        return args, None, None
 
     def plan_mcp_op(self, call_id: int, server: str, op: str, payload: Any) -> Plan:
         """An ``MCP.<server>.resources/prompts`` request: one the policy denies answers as one

@@ -34,6 +34,7 @@ from .protocol import CallResult
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
+    from .catalog import BoundCall
     from .tools import Tool
 
 __all__ = ["FILED", "CallRunner", "LoopRef", "ToolContext"]
@@ -78,15 +79,21 @@ class CallRunner:
         #: The loop async calls run on unless their tool names its own.
         self._loop = loop
 
-    def run_sync(self, call_id: int, tool: Tool, args: Any, gated: bool = False) -> CallResult | None:
+    def run_sync(
+        self, call_id: int, tool: Tool, args: Any, gated: bool = False, bound: BoundCall | None = None
+    ) -> CallResult | None:
         """Runs a sync tool (``gated``: its call has passed the gate); None if its approval
-        comes later (the call is filed)."""
+        comes later (the call is filed). ``bound``: ``args`` converted when they were checked,
+        used unless a hook or an approval callback saw them (either may change them in place)."""
         started = time.perf_counter()
         span = self.call_span(call_id, tool.id)
         try:
             if not gated:
                 args = self._gate.check_sync(call_id, tool, args)
-            positional, keywords = self._arguments(call_id, tool, args)
+            gate = self._gate.gate
+            if gated or gate.hook is not None or gate.approve is not None:
+                bound = None
+            positional, keywords = self._arguments(call_id, tool, args, bound)
             if span is None:
                 value = tool.fn(*positional, **keywords)
             else:
@@ -114,16 +121,19 @@ class CallRunner:
         run_span = self._scope.span
         return None if run_span is None else tracing.start_call(run_span, call_id, tool_id, self._scope.run_id)
 
-    def _arguments(self, call_id: int, tool: Tool, args: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """The arguments ``tool.fn`` is called with for the input ``args`` (`catalog.Parameters`),
-        its ``ToolContext`` among them if it asks for one; ``InvalidInput`` if ``args`` (a hook's
-        rewrite: the call's own input was checked when it was planned) does not convert."""
+    def _arguments(self, call_id: int, tool: Tool, args: Any, bound: BoundCall | None = None) -> BoundCall:
+        """The arguments ``tool.fn`` is called with for the input ``args`` (`catalog.Parameters`;
+        ``bound``: already converted), its ``ToolContext`` among them if it asks for one;
+        ``InvalidInput`` if ``args`` (a hook's rewrite: the call's own input was checked when it
+        was planned) does not convert."""
         parameters = tool.parameters
         if parameters is None:
             return _args(args)
-        bound = parameters.bind(args)
-        if isinstance(bound, str):
-            raise InvalidInput(bound)
+        if bound is None:
+            converted = parameters.bind(args)
+            if isinstance(converted, str):
+                raise InvalidInput(converted)
+            bound = converted
         positional, keywords = bound
         if parameters.context is not None:
             scope = self._scope

@@ -376,6 +376,10 @@ _MAX_PROBLEMS = 5
 _PREVIEW_CHARS = 40
 
 
+#: A tool function's arguments for one call: ``(args, kwargs)``.
+BoundCall = tuple[tuple[Any, ...], dict[str, Any]]
+
+
 class Parameters:
     """How a tool function is called with a JSON input: each argument converted to its
     annotation (a dataclass, msgspec ``Struct`` or pydantic model arrives as an instance),
@@ -417,7 +421,7 @@ class Parameters:
         bound = self.bind(value)
         return bound if isinstance(bound, str) else None
 
-    def bind(self, value: Any) -> tuple[tuple[Any, ...], dict[str, Any]] | str:
+    def bind(self, value: Any) -> BoundCall | str:
         """``(args, kwargs)`` for the function, or what is wrong with ``value``: up to five
         problems as ``<path>: <problem>`` from ``$`` (``$.a: expected int, got str "1"``),
         each quoting at most 40 characters of the value given."""

@@ -173,11 +173,9 @@ def define_tool(
     declared_output, output_schema = (output_schema, None) if source == "mcp" else (None, output_schema)
     hint = catalog.input_hint(input_schema) if trusted else "unknown"
     try:
-        check_input = (
-            parameters.check
-            if parameters is not None and parameters.converts
-            else catalog.compile_input_validator(input_schema, trusted=trusted)
-        )
+        # (An input converted to the parameters is checked by its conversion, `bind_input`.)
+        converts = parameters is not None and parameters.converts
+        check_input = None if converts else catalog.compile_input_validator(input_schema, trusted=trusted)
     except ToolDefinitionError as e:
         raise ToolDefinitionError(f"tool {name}: {e}") from None
     if check_input is not None and hint != "unknown":
@@ -231,7 +229,12 @@ def _from_signature(
 def _with_hint(check: Callable[[Any], str | None], hint: str, value: Any) -> str | None:
     """``check``'s problem with the input the tool takes, so the model can write it right."""
     problem = check(value)
-    return None if problem is None else f"{problem}. It takes {hint}"
+    return None if problem is None else hinted(problem, hint)
+
+
+def hinted(problem: str, hint: str) -> str:
+    """``problem`` with the input the tool takes (when that is known)."""
+    return problem if hint == "unknown" else f"{problem}. It takes {hint}"
 
 
 def _bounded_schema(name: str, kind: str, schema: dict[str, Any] | None, trusted: bool) -> dict[str, Any] | None:
