@@ -416,11 +416,6 @@ class Parameters:
         """Whether inputs are converted to the annotations (not passed as they are)."""
         return self._struct is not None
 
-    def check(self, value: Any) -> str | None:
-        """None if ``value`` converts, else what is wrong with it (see `bind`)."""
-        bound = self.bind(value)
-        return bound if isinstance(bound, str) else None
-
     def bind(self, value: Any) -> BoundCall | str:
         """``(args, kwargs)`` for the function, or what is wrong with ``value``: up to five
         problems as ``<path>: <problem>`` from ``$`` (``$.a: expected int, got str "1"``),
