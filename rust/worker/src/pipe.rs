@@ -1,17 +1,13 @@
-//! Frames on the worker's pipes: length-prefixed reads that survive short reads, whole writes.
-//!
-//! The same framing as `FrameReader` and `write_all` in protocol.py: a 4-byte big-endian length,
-//! refused above [`MAX_FRAME_BYTES`] before anything is allocated for the body; reads of at
-//! least 64 KiB (more when the frame being read says so, never past the cap).
+//! Frames on the worker's pipes: length-prefixed reads of stdin (`codemode_frames`, the framing
+//! the host's extension reads with too), whole writes.
 
 use std::io;
 use std::os::fd::RawFd;
 use std::time::Duration;
 
-use crate::protocol::MAX_FRAME_BYTES;
+use codemode_frames::{read_into, FrameBuffer, TooLarge};
 
-/// Bytes one `read` asks for, at least.
-const READ_BYTES: usize = 1 << 16;
+use crate::protocol::MAX_FRAME_BYTES;
 
 /// Why reading frames stopped for good (end of file is not an error: `Ok(None)`).
 #[derive(Debug)]
@@ -30,84 +26,51 @@ impl std::fmt::Display for ReadError {
     }
 }
 
-/// Buffers reads from one descriptor and cuts them into frames. The buffer is reused from
-/// frame to frame: a frame's body is read in place and consumed after it is decoded.
-pub struct FrameReader {
-    fd: RawFd,
-    buf: Vec<u8>,
-    /// Where the unread bytes start in `buf`.
-    start: usize,
+impl From<TooLarge> for ReadError {
+    fn from(TooLarge(size): TooLarge) -> Self {
+        ReadError::TooLarge(size)
+    }
 }
 
-/// The header's length of the bytes buffered at `buf`, if there are four of them.
-fn header(buf: &[u8]) -> Option<usize> {
-    let head: [u8; 4] = buf.get(..4)?.try_into().ok()?;
-    Some(u32::from_be_bytes(head) as usize)
+/// Frames read from one descriptor (up to `MAX_FRAME_BYTES` each), the buffer reused from frame
+/// to frame: a frame's body is read in place and consumed after it is decoded.
+pub struct FrameReader {
+    fd: RawFd,
+    frames: FrameBuffer,
 }
 
 impl FrameReader {
     pub fn new(fd: RawFd) -> FrameReader {
-        FrameReader { fd, buf: Vec::with_capacity(READ_BYTES), start: 0 }
-    }
-
-    fn unread(&self) -> &[u8] {
-        self.buf.get(self.start..).unwrap_or_default()
+        FrameReader { fd, frames: FrameBuffer::new(MAX_FRAME_BYTES) }
     }
 
     /// The length (header included) of a whole frame at the head of the buffer, if one is there.
     pub fn poll(&self) -> Result<Option<usize>, ReadError> {
-        let unread = self.unread();
-        let Some(size) = header(unread) else { return Ok(None) };
-        if size > MAX_FRAME_BYTES {
-            return Err(ReadError::TooLarge(size));
-        }
-        Ok((unread.len() >= 4 + size).then_some(4 + size))
+        Ok(self.frames.poll()?)
     }
 
     /// The body of the frame of length `len` that `poll` found.
     pub fn body(&self, len: usize) -> &[u8] {
-        self.unread().get(4..len).unwrap_or_default()
+        self.frames.body(len)
     }
 
     /// Drops the frame of length `len` from the head of the buffer.
     pub fn consume(&mut self, len: usize) {
-        self.start = self.start.saturating_add(len).min(self.buf.len());
-        if self.start == self.buf.len() {
-            self.buf.clear();
-            self.start = 0;
-        }
+        self.frames.consume(len);
     }
 
-    /// One `read`; false at end of file.
+    /// One `read` (retried when a signal interrupts it); false at end of file.
     fn fill(&mut self) -> Result<bool, ReadError> {
-        let unread = self.unread().len();
-        let mut want = READ_BYTES;
-        if let Some(size) = header(self.unread()) {
-            want = want.max((4 + size).saturating_sub(unread).min(MAX_FRAME_BYTES));
-        }
-        if self.start > 0 {
-            // Keep the partial frame at the front: the buffer never grows past one frame and a read.
-            self.buf.drain(..self.start);
-            self.start = 0;
-        }
-        self.buf.reserve(want);
-        let spare = self.buf.spare_capacity_mut();
-        loop {
-            // SAFETY: `spare` is writable, uninitialised memory of at least `want` bytes owned
-            // by `buf`; `read` writes at most `want` bytes into it, and only the `n` bytes it
-            // reports written are then counted as initialised.
-            let n = unsafe { libc::read(self.fd, spare.as_mut_ptr().cast(), want.min(spare.len())) };
-            if n >= 0 {
-                let n = n as usize;
-                // SAFETY: `read` initialised these `n` bytes of the spare capacity.
-                unsafe { self.buf.set_len(self.buf.len() + n) };
-                return Ok(n > 0);
-            }
-            let error = io::Error::last_os_error();
-            if error.kind() != io::ErrorKind::Interrupted {
-                return Err(ReadError::Io(error));
-            }
-        }
+        let fd = self.fd;
+        self.frames
+            .fill(|to, want| loop {
+                // SAFETY: `fill` hands `want` writable bytes at `to`.
+                match unsafe { read_into(fd, to, want) } {
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    read => return read,
+                }
+            })
+            .map_err(ReadError::Io)
     }
 
     /// The length of the next whole frame, blocking until it is buffered; None at end of file.
