@@ -173,7 +173,7 @@ def define_tool(
     declared_output, output_schema = (output_schema, None) if source == "mcp" else (None, output_schema)
     hint = catalog.input_hint(input_schema) if trusted else "unknown"
     try:
-        # (An input converted to the parameters is checked by its conversion, `bind_input`.)
+        # (An input converted to the parameters is checked by that conversion: `CallPlanner._checked_input`.)
         converts = parameters is not None and parameters.converts
         check_input = None if converts else catalog.compile_input_validator(input_schema, trusted=trusted)
     except ToolDefinitionError as e:
