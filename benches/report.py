@@ -25,6 +25,11 @@ ROWS = [
         "test_worker_alone_trivial_idle",
         "",
     ),
+    (
+        "`return 1+1` through a thin host: a cell's own steps, no run bookkeeping (median, idle)",
+        "test_thin_host_trivial_idle",
+        "",
+    ),
     ("cell with 10 sequential awaited tool calls (median)", "test_exec_ten_sequential_tool_calls_idle", ""),
     (
         "the same 10 calls as their recorded frames, to a bare worker: no host code (median, idle)",
@@ -128,6 +133,11 @@ def _latency_ratios(median: dict[str, float]) -> list[str]:
         derived.append(f"bare worker / pipe round trip: **{alone / median['test_pipe_roundtrip_idle']:.1f}x**")
     if alone and exec_idle:
         derived.append(f"the host's part of an idle exec: **{fmt(exec_idle - alone)}**")
+    thin = median.get("test_thin_host_trivial_idle")
+    if thin and exec_idle:
+        derived.append(f"of which the run bookkeeping's (idle exec - thin host): **{fmt(exec_idle - thin)}**")
+    if thin and "test_monty_trivial_idle" in median:
+        derived.append(f"thin host / monty idle warm: **{thin / median['test_monty_trivial_idle']:.2f}x**")
     ten = median.get("test_exec_ten_sequential_tool_calls_idle")
     if ten and exec_idle:
         per_call = (ten - exec_idle) / 10

@@ -11,7 +11,9 @@ Two views of a warm exec:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import Any
 import pytest
 from codemode import CodeMode, protocol, workers
 from codemode._engine import spin_readable
+from codemode.cells import CellArgs, check_cell
 from codemode.workers import WORKER_BINARY, popen_worker
 
 GAP_S = 0.002
@@ -158,6 +161,38 @@ def test_worker_alone_trivial_idle(benchmark, bare):
     worker, trivial, _ = bare
     report = benchmark.pedantic(worker.drive, args=(trivial,), setup=_pause, rounds=400, warmup_rounds=20)
     assert isinstance(report, protocol.Report) and report.value == "2"
+
+
+class ThinHost:
+    """What a host must do per cell and no more, on a bare worker: check the exec's arguments,
+    encode the cell's `Start` (a run number of its own, a fresh seed), write it, poll, read and
+    decode the report and its value, and build the result. No run, journal, dispatcher, lane,
+    reader, waiter or trace bookkeeping: what an idle exec costs beyond this is the supervisor's
+    (the run model's) share, which a leaner first step of a run could save."""
+
+    def __init__(self, worker: BareWorker) -> None:
+        self.worker = worker
+        self.numbers = itertools.count(1 << 40)  # (no recorded frame's run number)
+
+    def exec(self, args: dict[str, Any]) -> dict[str, Any]:
+        started = time.perf_counter()
+        checked = check_cell(args, ("javascript", "typescript"))
+        assert isinstance(checked, CellArgs)
+        frame = protocol.Start(next(self.numbers), checked.code, checked.language, 5000.0, random.getrandbits(63))
+        os.write(self.worker.wfd, protocol.encode(frame))
+        report = self.worker.reply()
+        assert isinstance(report, protocol.Report) and report.status == "completed"
+        telemetry = {"durationMs": (time.perf_counter() - started) * 1000.0, "memoryBytes": report.memory_bytes}
+        return {"status": "completed", "value": protocol.decode_guest_json(report.value), "telemetry": telemetry}
+
+
+@pytest.mark.benchmark(group="trivial")
+def test_thin_host_trivial_idle(benchmark, bare):
+    """The idle exec's cell through `ThinHost`: a cell's own host steps, none of the
+    supervisor's."""
+    thin = ThinHost(bare[0])
+    result = benchmark.pedantic(thin.exec, args=({"code": "return 1 + 1"},), setup=_pause, rounds=400, warmup_rounds=20)
+    assert result["value"] == 2
 
 
 @pytest.mark.benchmark(group="toolcalls")
