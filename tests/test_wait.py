@@ -776,3 +776,47 @@ def test_cancel_does_not_wait_for_a_running_advance(wcm, gate):
     assert s.wait({"runId": first["runId"]})["code"] == "invalid_input"
     wait_until(lambda: run.lane is None, "the advance ended and retired the run")
     assert exec_(s, "return 40 + 2")["value"] == 42
+
+
+def test_run_ids_are_fresh_across_batches_and_threads():
+    """Ids come from the OS a batch at a time: many more than a batch, drawn from several
+    threads at once, are all distinct and of the one shape (``run_`` and 24 hex digits)."""
+    from codemode.runs import RUN_ID_BATCH, new_run_id
+
+    drawn: list[str] = []
+    lock = threading.Lock()
+
+    def draw() -> None:
+        mine = [new_run_id() for _ in range(RUN_ID_BATCH * 5 + 7)]
+        with lock:
+            drawn.extend(mine)
+
+    threads = [threading.Thread(target=draw) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(drawn) == 4 * (RUN_ID_BATCH * 5 + 7)
+    assert len(set(drawn)) == len(drawn)
+    assert all(len(i) == 28 and i.startswith("run_") and int(i[4:], 16) >= 0 for i in drawn)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_never_hands_out_its_parents_run_ids():
+    """Hosts forked from one parent share a run store: a child must not hand out the ids the
+    parent drew and has not handed out yet."""
+    from codemode.runs import new_run_id
+
+    new_run_id()  # the parent holds the rest of a batch now
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next ids, to the parent
+        os.close(read)
+        os.write(write, " ".join(new_run_id() for _ in range(8)).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child = set(pipe.read().split())
+    os.waitpid(pid, 0)
+    parent = {new_run_id() for _ in range(8)}
+    assert len(child) == 8 and not child & parent

@@ -34,7 +34,7 @@ MAX_SOURCE_CHARS = 1 << 20
 _PRAGMA = re.compile(r"^\s*//\s*@(options|exec):(.*)$")
 
 
-class CellOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+class CellOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
     """The first-line pragma ``// @options: {...}`` (or ``// @exec: {...}``); each key may be
     written camelCase too (``timeoutMs``), as the config spells it (`either_spelling`)."""
 
@@ -42,12 +42,18 @@ class CellOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_output_tokens: int | None = None
 
 
+#: A cell's options when its first line has no pragma (most cells).
+NO_OPTIONS = CellOptions()
+
+
 def _cell_options(code: str) -> CellOptions | str:
     """The pragma of ``code``'s first line, or an error message; no pragma gives defaults."""
     first = code.split("\n", 1)[0]
+    if "@" not in first:
+        return NO_OPTIONS  # (no pragma can be there: not worth the pattern's look)
     match = _PRAGMA.match(first)
     if match is None:
-        return CellOptions()
+        return NO_OPTIONS
     try:
         given = msgspec.json.decode(match.group(2))
         if isinstance(given, dict):
