@@ -820,3 +820,63 @@ def test_a_forked_child_never_hands_out_its_parents_run_ids():
     os.waitpid(pid, 0)
     parent = {new_run_id() for _ in range(8)}
     assert len(child) == 8 and not child & parent
+
+
+class _Filed:
+    """What the run table reads of a run."""
+
+    def __init__(self, run_id: str, scope: tuple[str, str | None]) -> None:
+        self.run_id, self.scope = run_id, scope
+        self.busy, self.aborted, self.expires_at = False, False, 0.0
+
+
+def test_the_run_tables_session_counts_follow_every_way_in_and_out():
+    """The table counts a session's share over that session's runs only: after any sequence of
+    filing, claiming, holding, aborting, taking, expiring and removing, each session's cap
+    refuses exactly when the runs of that session holding a slot fill it, and `of_scope` lists
+    exactly that scope's runs."""
+    import random
+
+    from codemode.runs import TOO_MANY_IN_SESSION, RunLookupError, RunTable
+
+    rng = random.Random(7)
+    table = RunTable(ttl_seconds=60.0, limit=10_000, per_session=4)
+    scopes = [("a", None), ("a", "r2"), ("b", None), ("c", None)]
+    runs = [_Filed(f"run_{n}", rng.choice(scopes)) for n in range(60)]
+    for _ in range(3000):
+        run = rng.choice(runs)
+        op = rng.randrange(7)
+        filed = {r.run_id: r for r in table.all()}
+        if op == 0:
+            holding = sum(
+                1 for r in filed.values() if r.scope[0] == run.scope[0] and (r.busy or r.expires_at > time.monotonic())
+            )
+            refused = table.suspend(run)
+            if run.run_id in filed:
+                assert refused is None
+            else:
+                assert (refused == TOO_MANY_IN_SESSION.format(limit=4)) == (holding >= 4)
+        elif op == 1:
+            try:
+                table.claim(run.run_id, run.scope)
+            except RunLookupError:
+                pass
+        elif op == 2:
+            table.hold(run)
+        elif op == 3:
+            try:
+                table.abort(run.run_id, run.scope)
+            except RunLookupError:
+                pass
+        elif op == 4:
+            table.take_idle(run)
+        elif op == 5:
+            table.remove(run)
+        else:
+            run.expires_at = time.monotonic() - 1  # (expired unless busy)
+            table.expired()
+        everything = table.all()
+        for scope in scopes:
+            assert {r.run_id for r in table.of_scope(scope)} == {r.run_id for r in everything if r.scope == scope}
+    table.drain()
+    assert len(table) == 0 and all(table.of_scope(scope) == [] for scope in scopes)

@@ -384,10 +384,26 @@ class RunTable:
         self._limit = limit
         self._per_session = limit if per_session is None else per_session
         self._runs: dict[str, Run] = {}
+        #: The same runs by session: a session's share is counted over its own runs, not the
+        #: whole table (with 1,000 runs filed, each suspend walked all of them).
+        self._sessions: dict[str, dict[str, Run]] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._runs)
+
+    def _file(self, run: Run) -> None:
+        """Under the lock: ``run`` is in the table."""
+        self._runs[run.run_id] = run
+        self._sessions.setdefault(run.scope[0], {})[run.run_id] = run
+
+    def _unfile(self, run: Run) -> None:
+        """Under the lock: ``run``, which is in the table, leaves it."""
+        del self._runs[run.run_id]
+        session = self._sessions[run.scope[0]]
+        del session[run.run_id]
+        if not session:
+            del self._sessions[run.scope[0]]
 
     def expired(self) -> list[Run]:
         """Removes and returns runs past their TTL (the caller frees their resources)."""
@@ -397,7 +413,7 @@ class RunTable:
         with self._lock:
             gone = [r for r in self._runs.values() if r.expires_at <= now and not r.busy]
             for run in gone:
-                del self._runs[run.run_id]
+                self._unfile(run)
                 run.aborted = True
         return gone
 
@@ -417,16 +433,13 @@ class RunTable:
                 if self._holding(now, session_id) >= self._per_session:
                     return TOO_MANY_IN_SESSION.format(limit=self._per_session)
             run.expires_at = now + self._ttl
-            self._runs[run.run_id] = run
+            self._file(run)
             return None
 
     def _holding(self, now: float, session_id: str | None = None) -> int:
         """Under the lock: the runs that hold a slot (of ``session_id``'s, if given)."""
-        return sum(
-            1
-            for r in self._runs.values()
-            if (r.busy or r.expires_at > now) and (session_id is None or r.scope[0] == session_id)
-        )
+        runs = self._runs if session_id is None else self._sessions.get(session_id, {})
+        return sum(1 for r in runs.values() if r.busy or r.expires_at > now)
 
     def get(self, run_id: str) -> Run | None:
         with self._lock:
@@ -436,14 +449,18 @@ class RunTable:
         """Files a run as resuming (one rebuilt here for a `wait`: no caps, the store holds them)."""
         with self._lock:
             run.busy = True
-            self._runs[run.run_id] = run
+            filed = self._runs.get(run.run_id)
+            if filed is not run:
+                if filed is not None:
+                    self._unfile(filed)
+                self._file(run)
 
     def take_idle(self, run: Run) -> bool:
         """Takes ``run`` out of the table if it is there and no `wait` is resuming it."""
         with self._lock:
             if self._runs.get(run.run_id) is not run or run.busy:
                 return False
-            del self._runs[run.run_id]
+            self._unfile(run)
             return True
 
     def claim(self, run_id: Any, scope: Scope) -> Run:
@@ -468,18 +485,18 @@ class RunTable:
         """Takes a run out of the table to be cancelled (``claim``'s checks)."""
         with self._lock:
             run = self._resumable(run_id, scope)
-            del self._runs[run.run_id]
+            self._unfile(run)
             run.aborted = True
             return run
 
     def remove(self, run: Run) -> None:
         with self._lock:
             if self._runs.get(run.run_id) is run:
-                del self._runs[run.run_id]
+                self._unfile(run)
 
     def of_scope(self, scope: Scope) -> list[Run]:
         with self._lock:
-            return [r for r in self._runs.values() if r.scope == scope]
+            return [r for r in self._sessions.get(scope[0], {}).values() if r.scope == scope]
 
     def all(self) -> list[Run]:
         with self._lock:
@@ -489,4 +506,5 @@ class RunTable:
         with self._lock:
             runs = list(self._runs.values())
             self._runs.clear()
+            self._sessions.clear()
         return runs

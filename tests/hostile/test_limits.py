@@ -268,7 +268,11 @@ def test_an_idle_sessions_cell_goes_before_a_busy_sessions_queued_cells(make_cod
         with lock:
             done.append(name if result["status"] == "completed" else f"{name}:{result}")
 
-    busy = [threading.Thread(target=run, args=("busy", SPIN, f"busy{n}")) for n in range(4)]
+    # The first runs long enough (~0.5 s here) that the others and the idle session's cell are
+    # all queued behind it whatever this machine's speed (with four equal cells, the idle one
+    # could come only as the first ended, ~80 ms on a fast host, and queue behind a started one).
+    first = SPIN.replace("4e6", "2.5e7")
+    busy = [threading.Thread(target=run, args=("busy", first if n == 0 else SPIN, f"busy{n}")) for n in range(4)]
     for thread in busy:
         thread.start()
         time.sleep(0.02)  # queued in this order, behind the first (which runs)
