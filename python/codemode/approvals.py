@@ -162,5 +162,7 @@ class Approvals:
         ]
 
     def clear(self) -> None:
+        if not self._waiting:
+            return  # (most runs filed none)
         with self._lock:
             self._waiting.clear()

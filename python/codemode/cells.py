@@ -48,7 +48,8 @@ NO_OPTIONS = CellOptions()
 
 def _cell_options(code: str) -> CellOptions | str:
     """The pragma of ``code``'s first line, or an error message; no pragma gives defaults."""
-    first = code.split("\n", 1)[0]
+    end = code.find("\n")
+    first = code if end < 0 else code[:end]  # (not the rest: a cell may be 1 MiB)
     if "@" not in first:
         return NO_OPTIONS  # (no pragma can be there: not worth the pattern's look)
     match = _PRAGMA.match(first)

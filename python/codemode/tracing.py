@@ -108,7 +108,7 @@ def traced(kind: str) -> Callable[[F], F]:
 
         @functools.wraps(method)
         def run_sync(host: Any, session: Any, *args: Any, **kwargs: Any) -> Any:
-            run = _start(host, name, session)
+            run = None if host.tracer is None else _start(host, name, session)
             if run is None:
                 return method(host, session, *args, **kwargs)
             with _trace.use_span(run.span, end_on_exit=True):
