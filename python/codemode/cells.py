@@ -95,6 +95,8 @@ def answer_json(answer: Any) -> str:
     """A `wait`'s ``answer`` as the JSON its run's ``yield_control`` calls resolve to (``null``,
     as when none is given, resolves to undefined), capped as a tool result is; a ValueError
     says why it cannot be one."""
+    if answer is None:
+        return "null"  # (most waits: none given)
     try:
         text = msgspec.json.encode(answer).decode()
     except (TypeError, ValueError, OverflowError, RecursionError) as e:
