@@ -20,6 +20,25 @@ def test_completed_result_has_exactly_status_value_telemetry(session, run_js):
     assert set(result) == {"status", "value", "telemetry"}
 
 
+def test_a_completed_result_of_records_is_the_same_json_as_its_struct_gives(session, run_js):
+    """A value of objects and arrays is handed over as decoded (not converted once more): the
+    result is still exactly the struct's JSON, outputs and key order included."""
+    import msgspec
+    from codemode.outcomes import Completed
+
+    code = "console.log('n'); return [{a: 1, b: [true, null, 'x']}, {a: 2.5, b: []}, {}]"
+    result = run_js(session, code)
+    assert result["value"] == [{"a": 1, "b": [True, None, "x"]}, {"a": 2.5, "b": []}, {}]
+    assert list(result) == ["status", "value", "telemetry", "output"]
+    struct = msgspec.convert(result, Completed)
+    assert msgspec.to_builtins(struct) == result
+    nested = run_js(session, "return {rows: [1, 2], more: {deep: [[]]}}")
+    assert list(nested) == ["status", "value", "telemetry"] and nested["value"] == {
+        "rows": [1, 2],
+        "more": {"deep": [[]]},
+    }
+
+
 def test_telemetry_reports_catalog_and_model_visible_tools(session, run_js):
     telemetry = run_js(session, "return 1")["telemetry"]
     assert set(telemetry) == {
