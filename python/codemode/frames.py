@@ -127,10 +127,12 @@ class FrameQueue:
     def _send(self, lane: Lane, run: Run, frames: list[Any], out: Out) -> None:
         """The run's frames, just put in flight (`frame_for`), go out in pipeline order."""
         self._served_now(run.scope[0])
-        lane.outbox.append((frames, lane.pipeline[-1].kill_at))
-        if not lane.writing:
+        deadline = lane.pipeline[-1].kill_at
+        if lane.writing:
+            lane.outbox.append((frames, deadline))
+        else:  # (then the outbox is empty: these go first, then whatever is queued meanwhile)
             lane.writing = True
-            out.append(functools.partial(self._flush, lane))
+            out.append(functools.partial(self._write, lane, frames, deadline))
 
     def kick(self, lane: Lane, out: Out) -> None:
         """If the worker is free, the next queued frame goes to it. (A worker that died while
@@ -304,6 +306,11 @@ class FrameQueue:
         served[session_id] = next(self._serve_ticks)
         if len(served) > SERVED_SESSIONS:
             del served[next(iter(served))]  # the longest-unserved: forgetting it keeps it first
+
+    def _write(self, lane: Lane, frames: list[Any], deadline: float) -> None:
+        """Outside the lock, as the lane's writer: ``frames``, then the outbox."""
+        lane.worker.send(frames, deadline)
+        self._flush(lane)
 
     def _flush(self, lane: Lane) -> None:
         """Writes the lane's outbox in order (outside the lock; one writer at a time)."""
