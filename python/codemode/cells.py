@@ -151,7 +151,7 @@ def check_cell(args: Any, languages: Collection[str]) -> CellArgs | str:
         code = command
     elif command is not None and command != code:
         return "exec `code` and `command` must match when both are given."
-    if not isinstance(code, str) or not code.strip():
+    if not isinstance(code, str) or not code or code.isspace():  # (no stripped copy of the cell)
         return "exec requires a non-empty `code` string."
     if len(code) > MAX_SOURCE_CHARS:
         return f"exec `code` is {len(code)} characters; the limit is {MAX_SOURCE_CHARS}."

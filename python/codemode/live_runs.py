@@ -127,13 +127,14 @@ class LiveRuns:
 
     def telemetry(self, started: float, step: Step | None, run: Run | None = None) -> Telemetry:
         view = run.dispatcher.view if run is not None else self._catalog()
-        counts = Counts()
         usage = None
         if run is not None and step is not None:
             counts = run.counts
             counts.add(step)
             used = run.dispatcher.model_usage
             usage = None if used is None or not used.operations else msgspec.structs.replace(used)
+        else:
+            counts = Counts()
         return Telemetry(
             duration_ms=(time.perf_counter() - started) * 1000.0,
             tool_calls=counts.tool_calls,
@@ -150,7 +151,8 @@ class LiveRuns:
         """Files a suspended run or retires a finished one; builds the spec's result."""
         telemetry = self.telemetry(started, step, run)
         result = self._result(run, step, telemetry)
-        self._progress(run, step)
+        if step.outputs:
+            self._progress(run, step)
         self._trace.add(
             TraceEvent(
                 kind=kind,
