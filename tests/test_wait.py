@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import threading
@@ -846,8 +847,8 @@ def test_the_run_tables_session_counts_follow_every_way_in_and_out():
     for _ in range(3000):
         run = rng.choice(runs)
         op = rng.randrange(7)
-        filed = {r.run_id: r for r in table.all()}
         if op == 0:
+            filed = {r.run_id: r for r in table.all()}
             holding = sum(
                 1 for r in filed.values() if r.scope[0] == run.scope[0] and (r.busy or r.expires_at > time.monotonic())
             )
@@ -856,18 +857,11 @@ def test_the_run_tables_session_counts_follow_every_way_in_and_out():
                 assert refused is None
             else:
                 assert (refused == TOO_MANY_IN_SESSION.format(limit=4)) == (holding >= 4)
-        elif op == 1:
-            try:
-                table.claim(run.run_id, run.scope)
-            except RunLookupError:
-                pass
+        elif op in (1, 3):
+            with contextlib.suppress(RunLookupError):
+                (table.claim if op == 1 else table.abort)(run.run_id, run.scope)
         elif op == 2:
             table.hold(run)
-        elif op == 3:
-            try:
-                table.abort(run.run_id, run.scope)
-            except RunLookupError:
-                pass
         elif op == 4:
             table.take_idle(run)
         elif op == 5:

@@ -252,9 +252,10 @@ class CallResults:
         return loops.pop() if len(loops) == 1 else None
 
     def cancel(self) -> None:
+        # Most runs have nothing in flight and no one waiting. (A call started as this reads
+        # is no more missed than one started just after the lock below.)
         if not self._futures and self._landed is None:
-            return  # (most runs: nothing in flight, no one waiting; a call started meanwhile is
-            # no more missed than one started just after the lock below)
+            return
         with self._lock:
             futures, self._futures = list(self._futures.values()), {}
             self._loops.clear()

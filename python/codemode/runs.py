@@ -449,11 +449,7 @@ class RunTable:
         """Files a run as resuming (one rebuilt here for a `wait`: no caps, the store holds them)."""
         with self._lock:
             run.busy = True
-            filed = self._runs.get(run.run_id)
-            if filed is not run:
-                if filed is not None:
-                    self._unfile(filed)
-                self._file(run)
+            self._file(run)
 
     def take_idle(self, run: Run) -> bool:
         """Takes ``run`` out of the table if it is there and no `wait` is resuming it."""
