@@ -37,7 +37,18 @@ if TYPE_CHECKING:
     from .reports import ReportRouter
     from .tool_starts import ToolStarter
 
-__all__ = ["KILL_GRACE_S", "READ_TICK_S", "RUNS_PER_WORKER", "Fleet", "Out", "failed", "run_all", "timed_out"]
+__all__ = [
+    "KILL_GRACE_S",
+    "READ_TICK_S",
+    "RUNS_PER_WORKER",
+    "Fleet",
+    "Out",
+    "drop_engine_run",
+    "failed",
+    "run_all",
+    "send_drop",
+    "timed_out",
+]
 
 #: How long past the deadline a worker may take to report before it is killed.
 KILL_GRACE_S = 0.25
@@ -76,7 +87,12 @@ def timed_out(what: str) -> str:
 
 def send_drop(lane: Lane, run: Run, out: Out) -> None:
     """The worker forgets the run's runtime (a frame it does not answer)."""
-    out.append(functools.partial(lane.worker.send, [Drop(run.engine_run)], time.monotonic() + KILL_GRACE_S))
+    drop_engine_run(lane, run.engine_run, out)
+
+
+def drop_engine_run(lane: Lane, engine_run: int, out: Out) -> None:
+    """The worker forgets engine run ``engine_run`` (a frame it does not answer)."""
+    out.append(functools.partial(lane.worker.send, [Drop(engine_run)], time.monotonic() + KILL_GRACE_S))
 
 
 def unsettle(run: Run) -> None:

@@ -21,8 +21,8 @@ from typing import Any
 from . import protocol
 from .fleet import KILL_GRACE_S, RUNS_PER_WORKER, Fleet, Out, failed, send_drop, timed_out
 from .protocol import CallResult, Replay, Settle, utf8_len
-from .readers import Waiter
-from .runs import Phase, Run
+from .readers import Lease, Waiter
+from .runs import Journal, Phase, Run
 from .workers import Inflight, Lane
 
 _log = logging.getLogger(__name__)
@@ -32,7 +32,11 @@ _log = logging.getLogger(__name__)
 #: own frames have its deadline.)
 PRIME_WRITE_S = 30.0
 
-__all__ = ["PIPELINE_DEPTH", "FrameQueue"]
+__all__ = ["PIPELINE_DEPTH", "Direct", "FrameQueue"]
+
+#: A frame sent straight to an idle worker (`FrameQueue.send_direct`): its lane, the frames for
+#: its caller to write there (none: nothing to send after all), and their write deadline.
+Direct = tuple[Lane, list[Any], float]
 
 #: The least time a run gets to use tool results it is handed, even when they arrive just at the
 #: deadline (the smallest allowed ``timeoutMs``): otherwise a result landing late in a ``wait``
@@ -84,7 +88,7 @@ class FrameQueue:
                 fleet.end(run, "failed", out, failure=failed("runtime_unavailable", "WorkerUnavailable", message))
                 return
             lane = placed
-            self._reside(run, lane)
+            self.reside(run, lane)
         if run.waiter is not None:
             lane.attached.add(run)
         run.next_frame = kind
@@ -94,31 +98,33 @@ class FrameQueue:
         self.kick(lane, out)
         fleet.readers.ensure_reader(lane, prefer if prefer is not None else run.waiter)
 
-    def send_direct(self, run: Run, kind: str, waiter: Waiter, out: Out) -> bool:
+    def send_direct(self, run: Run, kind: str, waiter: Waiter, out: Out) -> Direct | None:
         """A run's ``start`` (it is placed first) or ``settle`` whose caller's thread waits for
         it goes straight to its worker when that one is idle (nothing queued or in flight
-        there, nobody reading it): its frames are written from ``out`` and the caller reads the
-        reply itself (`Waiting.wait_sync`), with no queue, no hand-over of the reader and no
-        wake-up in between. False if the worker is not idle: then it queues as any other
-        (`enqueue`)."""
+        there, nobody reading it): the caller is made the lane's writer and reader, writes the
+        frames it is given (`write`, or `Waiting.wait_direct`) and reads the reply itself, with
+        no queue, no hand-over of the reader and no wake-up in between. None if the worker is
+        not idle: then it queues as any other (`enqueue`). No frames: nothing to send after all
+        (or its time is up), as `kick` would find."""
         lane = run.lane if kind == "settle" else self._fleet.place()
         if lane is None or isinstance(lane, str) or lane.reader is not None or not self.idle(lane):
-            return False
+            return None
         if kind == "start":
-            self._reside(run, lane)
+            self.reside(run, lane)
         lane.attached.add(run)
         run.next_frame = kind
         run.queued_at = time.monotonic()
         frames = self.frame_for(lane, run, out)
-        if frames is None:  # (nothing to settle after all, or its time is up: as `kick` would)
+        if frames is None:
             self._fleet.readers.ensure_reader(lane, waiter)
-            return True
-        self._send(lane, run, frames, out)
+            return lane, [], 0.0
+        self._served_now(run.scope[0])
+        lane.writing = True
         lane.reader = waiter
-        return True
+        return lane, frames, lane.pipeline[-1].kill_at
 
     @staticmethod
-    def _reside(run: Run, lane: Lane) -> None:
+    def reside(run: Run, lane: Lane) -> None:
         """A run's runtime is placed on ``lane``."""
         run.lane = lane
         run.placements += 1
@@ -132,7 +138,7 @@ class FrameQueue:
             lane.outbox.append((frames, deadline))
         else:  # (then the outbox is empty: these go first, then whatever is queued meanwhile)
             lane.writing = True
-            out.append(functools.partial(self._write, lane, frames, deadline))
+            out.append(functools.partial(self.write, lane, frames, deadline))
 
     def kick(self, lane: Lane, out: Out) -> None:
         """If the worker is free, the next queued frame goes to it. (A worker that died while
@@ -188,7 +194,7 @@ class FrameQueue:
             if lane.writing:
                 return
             lane.writing = True
-        self._flush(lane)
+        self.flush(lane)
 
     def next_in_pipeline(self, lane: Lane) -> None:
         """The worker answered its first frame; the next, if any, is the one it executes now:
@@ -209,8 +215,8 @@ class FrameQueue:
         would make every run queued behind it wait longer than one frame."""
         if not lane.pipeline:
             return True
-        if len(lane.pipeline) >= PIPELINE_DEPTH or lane.pipeline[0].kind == "ready":
-            return False
+        if len(lane.pipeline) >= PIPELINE_DEPTH or lane.pipeline[0].kind in ("ready", "lease"):
+            return False  # (nothing goes behind a worker's start-up, or behind a lease)
         quick = run.next_frame == "settle" and run.drive_s <= PIPELINE_QUICK_S
         return quick and run.dispatcher.ready_bytes() <= PIPELINE_FRAME_BYTES
 
@@ -222,18 +228,14 @@ class FrameQueue:
         kind, step, journal = run.next_frame, run.step, run.journal
         waited = now - run.queued_at  # in the queue: not the guest's time
         frames: list[Any] = []
-        if kind != "settle" and lane.configured is not run.configure:
-            frames.append(run.configure)
-            lane.configured = run.configure
+        if kind != "settle":
+            self._configure(lane, run.configure, frames)
         if kind == "start":
             run.engine_run = fleet.next_run_id()
             step.deadline += waited
             frames.append(journal.start_frame(run.engine_run, float(run.timeout_ms)))
             kill_at = step.deadline + KILL_GRACE_S
-            lane.started += 1
-            if lane.started >= RUNS_PER_WORKER and not lane.retiring:
-                lane.retiring = True
-                fleet.spawn()
+            self._count_start(lane)
         elif kind == "settle":
             results = self._journaled(run, run.dispatcher.take_ready(max_bytes=SETTLE_BUDGET_BYTES))
             if not results:
@@ -267,6 +269,42 @@ class FrameQueue:
         lane.pipeline.append(Inflight(run, kind, now, kill_at))
         run.phase = Phase.RUNNING
         return frames
+
+    def lease(self, lane: Lane, holder: Lease, configure: Any, journal: Journal, timeout_ms: int) -> list[Any]:
+        """Under the lock, for an idle lane with no reader: a cell's first step goes to it before
+        the cell is a run (`Supervisor.first_step`). ``holder`` is the lane's reader and writer
+        until it lets go or a run takes it over; meanwhile the lease is the frame in flight and
+        every other frame for the worker queues (`may_write`). Returns the frames to write."""
+        fleet = self._fleet
+        now = time.monotonic()
+        holder.lane = lane
+        holder.engine_run = fleet.next_run_id()
+        holder.sent = now
+        holder.kill_at = now + timeout_ms / 1000.0 + KILL_GRACE_S
+        frames: list[Any] = []
+        self._configure(lane, configure, frames)
+        frames.append(journal.start_frame(holder.engine_run, float(timeout_ms)))
+        self._count_start(lane)
+        lane.pipeline.append(Inflight(None, "lease", now, holder.kill_at))
+        self._served_now(journal.session_id)
+        lane.reader = holder
+        lane.writing = True
+        return frames
+
+    @staticmethod
+    def _configure(lane: Lane, configure: Any, frames: list[Any]) -> None:
+        """A start or a replay configures its worker first when it has another catalog."""
+        if lane.configured is not configure:
+            frames.append(configure)
+            lane.configured = configure
+
+    def _count_start(self, lane: Lane) -> None:
+        """A cell starts on ``lane``: a worker that has started its share is replaced once the
+        runs it holds have ended (`Fleet.retire_if_done`)."""
+        lane.started += 1
+        if lane.started >= RUNS_PER_WORKER and not lane.retiring:
+            lane.retiring = True
+            self._fleet.spawn()
 
     def _journaled(self, run: Run, results: list[CallResult]) -> list[CallResult]:
         """The results of one settle frame (taken within ``SETTLE_BUDGET_BYTES``: the rest stay
@@ -307,12 +345,12 @@ class FrameQueue:
         if len(served) > SERVED_SESSIONS:
             del served[next(iter(served))]  # the longest-unserved: forgetting it keeps it first
 
-    def _write(self, lane: Lane, frames: list[Any], deadline: float) -> None:
+    def write(self, lane: Lane, frames: list[Any], deadline: float) -> None:
         """Outside the lock, as the lane's writer: ``frames``, then the outbox."""
         lane.worker.send(frames, deadline)
-        self._flush(lane)
+        self.flush(lane)
 
-    def _flush(self, lane: Lane) -> None:
+    def flush(self, lane: Lane) -> None:
         """Writes the lane's outbox in order (outside the lock; one writer at a time)."""
         while True:
             with self._fleet.lock:

@@ -36,12 +36,14 @@ from .model_surface import MODEL_VISIBLE_TOOLS
 from .outcomes import Completed, Failed, Output, Result, Telemetry, Waiting, cut_to_budget, failure_text, outputs_of
 from .outputs import OutputStore
 from .policy import Trace, TraceEvent
+from .protocol import Report
 from .runs import FOREIGN, UNAVAILABLE, Counts, Run, RunLookupError, RunLost, RunTable, Scope, Step
 from .stored_values import StoredValues
 from .supervisor import Supervisor
 from .tools import CatalogView
 
 if TYPE_CHECKING:
+    from .run_factory import Cell
     from .shared_runs import SharedRuns
 
 __all__ = ["MAX_REASON_CHARS", "LiveRuns"]
@@ -52,6 +54,21 @@ _PROGRESS_KINDS = {8: "phase", 9: "log"}
 
 #: Characters of the reason a host gives when it rejects a call (it reaches the guest).
 MAX_REASON_CHARS = 1000
+
+
+def _telemetry(started: float, view: CatalogView, counts: Counts, memory_bytes: int, usage: Any) -> Telemetry:
+    """A result's telemetry: time since ``started``, what the run did, the catalog it had."""
+    return Telemetry(
+        duration_ms=(time.perf_counter() - started) * 1000.0,
+        tool_calls=counts.tool_calls,
+        searches=counts.searches,
+        describes=counts.describes,
+        memory_bytes=memory_bytes,
+        catalog_size=len(view.tools),
+        catalog_sources=dict(view.counts),
+        model_visible_tools=[*MODEL_VISIBLE_TOOLS, *view.direct],
+        model_usage=usage,
+    )
 
 
 class LiveRuns:
@@ -127,25 +144,13 @@ class LiveRuns:
 
     def telemetry(self, started: float, step: Step | None, run: Run | None = None) -> Telemetry:
         view = run.dispatcher.view if run is not None else self._catalog()
-        usage = None
-        if run is not None and step is not None:
-            counts = run.counts
-            counts.add(step)
-            used = run.dispatcher.model_usage
-            usage = None if used is None or not used.operations else msgspec.structs.replace(used)
-        else:
-            counts = Counts()
-        return Telemetry(
-            duration_ms=(time.perf_counter() - started) * 1000.0,
-            tool_calls=counts.tool_calls,
-            searches=counts.searches,
-            describes=counts.describes,
-            memory_bytes=step.memory_bytes if step else 0,
-            catalog_size=len(view.tools),
-            catalog_sources=dict(view.counts),
-            model_visible_tools=[*MODEL_VISIBLE_TOOLS, *view.direct],
-            model_usage=usage,
-        )
+        if run is None or step is None:
+            return _telemetry(started, view, Counts(), step.memory_bytes if step else 0, None)
+        counts = run.counts
+        counts.add(step)
+        used = run.dispatcher.model_usage
+        usage = None if used is None or not used.operations else msgspec.structs.replace(used)
+        return _telemetry(started, view, counts, step.memory_bytes, usage)
 
     def finish(self, run: Run, step: Step, started: float, kind: str) -> Result:
         """Files a suspended run or retires a finished one; builds the spec's result."""
@@ -153,18 +158,31 @@ class LiveRuns:
         result = self._result(run, step, telemetry)
         if step.outputs:
             self._progress(run, step)
+        status = "waiting" if isinstance(result, Waiting) else result.__struct_config__.tag
+        self._traced(kind, run.dispatcher.parent, run.dispatcher.session_id, telemetry, status, run.run_id)  # type: ignore[arg-type]
+        return result
+
+    def first_result(self, cell: Cell, report: Report, value: Any, started: float) -> Completed:
+        """The result of a cell that completed plainly in its first step, before it was a run
+        (`Supervisor.first_step`: no tool call, output or store write)."""
+        counts = Counts(searches=report.searches, describes=report.describes)
+        telemetry = _telemetry(started, cell.view, counts, report.memory_bytes, None)
+        self._traced("exec", cell.parent, cell.session.session_id, telemetry, "completed", cell.run_id)
+        return Completed(value=value, telemetry=telemetry)
+
+    def _traced(self, kind: str, parent: str, session_id: str, telemetry: Telemetry, status: str, run_id: str) -> None:
+        """An exec or wait that ended, as an event of the host's trace."""
         self._trace.add(
             TraceEvent(
                 kind=kind,
-                id=run.dispatcher.parent,
-                session_id=run.dispatcher.session_id,
+                id=parent,
+                session_id=session_id,
                 at=Trace.now(),
                 duration_ms=telemetry.duration_ms,
-                status="waiting" if isinstance(result, Waiting) else result.__struct_config__.tag,  # type: ignore[arg-type]
-                run_id=run.run_id,
+                status=status,
+                run_id=run_id,
             )
         )
-        return result
 
     def _progress(self, run: Run, step: Step) -> None:
         """Swarm's ``phase(name)`` and ``log(...)`` outputs of this step, as trace events (their

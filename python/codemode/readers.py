@@ -31,7 +31,7 @@ from .protocol import Report, decode_guest_json, too_heavy
 from .runs import Run, Step
 from .workers import READER_THREAD, Inflight, Lane
 
-__all__ = ["LoopReader", "Readers", "Signal", "Waiter", "on_loop"]
+__all__ = ["Lease", "LoopReader", "Read", "Readers", "Signal", "Waiter", "on_loop"]
 
 _log = logging.getLogger(__name__)
 
@@ -101,6 +101,30 @@ class Waiter:
     def _resolve(self) -> None:
         if self.future is not None and not self.future.done():
             self.future.set_result(None)
+
+
+#: What a lane's reader read in one look (`Readers.look`): the frames, each with its guest JSON
+#: decoded (or why it is too heavy); the error that ends the worker, if any; whether that was
+#: a timeout; whether the worker wrote at all.
+Read = tuple[list[tuple[protocol.WorkerFrame, Any]], Exception | None, bool, bool]
+
+
+class Lease:
+    """A lane's reader and writer while a cell's first step runs there, before the cell is a run
+    (`FrameQueue.lease`, `Supervisor.first_step`): its engine run, when it was sent and must
+    have answered, and what the worker answered (`read`; the report and its value once the
+    lease is let go of, the cell over)."""
+
+    __slots__ = ("engine_run", "kill_at", "lane", "read", "report", "sent", "value")
+
+    def __init__(self) -> None:
+        self.lane: Lane | None = None
+        self.engine_run = 0
+        self.sent = 0.0
+        self.kill_at = 0.0
+        self.read: Read = ([], None, False, False)
+        self.report: Report | None = None
+        self.value: Any = None
 
 
 class LoopReader:
@@ -223,9 +247,10 @@ class Readers:
             self.to_thread(lane)
 
     def polling(self, lane: Lane) -> bool:
-        """Under the lock: someone polls the lane's pipe now (and closes it once it looks)."""
+        """Under the lock: someone polls the lane's pipe now (and closes it once it looks; a
+        lease's holder looks before it is done with it)."""
         reader = lane.reader
-        if reader is READER_THREAD or (isinstance(reader, LoopReader) and reader.pumping):
+        if reader is READER_THREAD or isinstance(reader, Lease) or (isinstance(reader, LoopReader) and reader.pumping):
             return True
         return isinstance(reader, Waiter) and reader.polling is lane
 
@@ -255,12 +280,14 @@ class Readers:
             return READ_TICK_S
         return max(0.0, min(READ_TICK_S, lane.inflight.kill_at - time.monotonic()))
 
-    def pump(self, lane: Lane, timeout: float) -> None:
+    def pump(self, lane: Lane, timeout: float, waiter: Waiter | None = None, run: Run | None = None) -> Step | None:
         """One look at the worker (by its current reader): route what it wrote, or kill it if
-        its frame is past the kill time."""
-        fleet = self._fleet
+        its frame is past the kill time (`look`, then `deliver`)."""
+        return self.deliver(lane, self.look(lane, timeout), waiter, run)
+
+    def look(self, lane: Lane, timeout: float) -> Read:
+        """Outside the lock, by the lane's reader: what its worker wrote within ``timeout``."""
         worker = lane.worker
-        out: Out = []
         error: Exception | None = None
         timed_out = False
         frames: list[tuple[protocol.WorkerFrame, Any]] = []
@@ -277,26 +304,44 @@ class Readers:
                 error = e
             except OSError as e:
                 error = worker.crashed(f"worker {worker.pid} pipe failed: {e}")
+        return frames, error, timed_out, spoke
+
+    def deliver(self, lane: Lane, read: Read, waiter: Waiter | None = None, run: Run | None = None) -> Step | None:
+        """What the lane's reader read (`look`), routed to the runs it answers; or the worker
+        discarded (it died, sent a bad frame, or is past its frame's kill time). ``waiter``:
+        the caller of ``run`` that sent its frame here and reads the reply itself; in the same
+        turn of the lock, it stops reading once its step has ended (the step is returned) or
+        its run is no longer here (a dead worker is let go of, which closes its pipes)."""
+        fleet = self._fleet
+        worker = lane.worker
+        frames, error, timed_out, spoke = read
+        out: Out = []
+        step = None
         with fleet.lock:
-            if lane.dead:
-                return
-            try:
-                for frame, decoded in frames:
-                    fleet.reports.route(lane, frame, decoded, out)
-            except ProtocolError as e:
-                error = e
-            except Exception as e:
-                # A bug in routing must not stop this worker's reader (its runs would hang):
-                # the worker is discarded as if it had sent a bad frame.
-                _log.exception("code mode supervisor: routing a frame from worker %s failed", worker.pid)
-                error = ProtocolError(f"code mode could not route a frame from worker {worker.pid}: {e!r}")
-            if error is not None:
-                fleet.lane_died(lane, error, out, timed_out=timed_out)
-            elif lane.inflight is not None and _overdue(lane.inflight, spoke):
-                late = "did not start in time" if lane.inflight.kind == "ready" else "overran its deadline"
-                error = worker.crashed(f"worker {worker.pid} {late}", timed_out=True)
-                fleet.lane_died(lane, error, out, timed_out=True)
+            if not lane.dead:
+                try:
+                    for frame, decoded in frames:
+                        fleet.reports.route(lane, frame, decoded, out)
+                except ProtocolError as e:
+                    error = e
+                except Exception as e:
+                    # A bug in routing must not stop this worker's reader (its runs would hang):
+                    # the worker is discarded as if it had sent a bad frame.
+                    _log.exception("code mode supervisor: routing a frame from worker %s failed", worker.pid)
+                    error = ProtocolError(f"code mode could not route a frame from worker {worker.pid}: {e!r}")
+                if error is not None:
+                    fleet.lane_died(lane, error, out, timed_out=timed_out)
+                elif lane.inflight is not None and _overdue(lane.inflight, spoke):
+                    late = "did not start in time" if lane.inflight.kind == "ready" else "overran its deadline"
+                    error = worker.crashed(f"worker {worker.pid} {late}", timed_out=True)
+                    fleet.lane_died(lane, error, out, timed_out=True)
+            if waiter is not None and run is not None:  # (both or neither)
+                waiter.polling = None
+                step = None if waiter.work else waiter.step  # (tools handed to it run first)
+                if step is not None or lane.dead or run.lane is not lane:
+                    self.release_reader(lane, waiter, out)
         run_all(out)
+        return step
 
 
 def _overdue(inflight: Inflight, spoke: bool) -> bool:

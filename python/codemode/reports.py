@@ -21,7 +21,7 @@ from typing import Any
 from . import protocol
 from ._engine import YIELD_TOOL
 from .errors import ProtocolError
-from .fleet import Fleet, Out, failed, send_drop
+from .fleet import Fleet, Out, drop_engine_run, failed, send_drop
 from .protocol import Fault, Ready, Report, input_hash, utf8_len
 from .runs import Failure, JournalCall, Phase, Run
 from .workers import Inflight, Lane
@@ -79,6 +79,9 @@ class ReportRouter:
             return
         if isinstance(frame, Fault) and frame.run == 0:
             raise ProtocolError(f"worker {lane.pid} refused its configuration: {frame.message}")
+        if inflight is not None and inflight.kind == "lease":
+            self._abandoned(lane, frame, out)
+            return
         run = inflight.run if inflight is not None else None
         if inflight is None or run is None or frame.run != run.engine_run:
             raise ProtocolError(f"worker {lane.pid} answered out of order")
@@ -102,6 +105,18 @@ class ReportRouter:
             self._replayed(lane, run, frame, inflight, out)
         else:
             self._reported(lane, run, frame, decoded, out)
+        frames.kick(lane, out)
+        fleet.retire_if_done(lane, out)
+
+    def _abandoned(self, lane: Lane, frame: protocol.WorkerFrame, out: Out) -> None:
+        """The reply to a cell's first step whose caller was interrupted before it read it
+        (`Supervisor.first_step`): no run waits for it; a runtime it left parked is dropped."""
+        fleet, frames = self._fleet, self._fleet.frames
+        if not isinstance(frame, (Report, Fault)):
+            raise ProtocolError(f"worker {lane.pid} sent {type(frame).__name__} unasked")
+        if isinstance(frame, Report) and frame.status == "pending":
+            drop_engine_run(lane, frame.run, out)
+        frames.next_in_pipeline(lane)
         frames.kick(lane, out)
         fleet.retire_if_done(lane, out)
 

@@ -41,13 +41,60 @@ from .stored_values import StoredValues
 from .tools import BackgroundLoop, CatalogView
 
 if TYPE_CHECKING:
+    from .namespaces import CallTable
     from .run_store import RunMeta
     from .session import Session
 
-__all__ = ["RunFactory"]
+__all__ = ["Cell", "RunFactory"]
 
 #: A call an imported run redoes here: ``(call id, tool id, input JSON)``.
 Redo = tuple[int, str, str]
+
+
+class Cell:
+    """A checked ``exec`` made ready to run: its session, run id, journal (the source, seed and
+    setup its worker starts it from), the catalog it got, and the rest its run is made of
+    (`RunFactory.run_for`)."""
+
+    __slots__ = (
+        "apis",
+        "configure",
+        "journal",
+        "loop",
+        "namespace_calls",
+        "output_chars",
+        "parent",
+        "run_id",
+        "session",
+        "span",
+        "timeout_ms",
+        "view",
+    )
+
+    def __init__(
+        self,
+        session: Session,
+        run_id: str,
+        journal: Journal,
+        configure: Configure,
+        view: CatalogView,
+        loop: Callable[[], asyncio.AbstractEventLoop],
+    ) -> None:
+        self.session = session
+        self.run_id = run_id
+        self.journal = journal
+        self.configure = configure
+        self.view = view
+        self.timeout_ms = 0
+        #: The text budget of its result (``// @options: {"max_output_tokens": N}``), or None.
+        self.output_chars: int | None = None
+        #: Where its tools' async calls run.
+        self.loop = loop
+        self.namespace_calls: CallTable | None = None
+        self.apis: HostApis = NO_HOST_APIS
+        #: The trace id of its exec, and the exec's span (None when untraced).
+        self.parent = ""
+        self.span: tracing.RunSpan | None = None
 
 
 class RunFactory:
@@ -122,14 +169,26 @@ class RunFactory:
         seed: int | None = None,
     ) -> tuple[Run, Configure]:
         """A run of ``session`` for a checked ``exec``, with its tools' calls run on ``loop``."""
+        cell = self.cell(session, checked, loop, min_timeout_ms, seed)
+        return self.run_for(cell), cell.configure
+
+    def cell(
+        self,
+        session: Session,
+        checked: CellArgs,
+        loop: Callable[[], asyncio.AbstractEventLoop],
+        min_timeout_ms: int,
+        seed: int | None = None,
+    ) -> Cell:
+        """What a run of ``session`` for a checked ``exec`` is made of (`run_for`); its first
+        step on an idle worker needs only its journal's start (`Supervisor.first_step`)."""
         code, language, restart_safe, options = checked
-        session_id, scope = session.session_id, session.scope
+        session_id = session.session_id
         # A pragma may only lower what the operator's config allows, never raise it.
         timeout_ms = self._config.timeout_ms
         low, high = BOUNDS["timeout_ms"]
         if options.timeout_ms is not None:
             timeout_ms = min(max(options.timeout_ms, low), timeout_ms)
-        timeout_ms = min(max(timeout_ms, min_timeout_ms), high)
         configure, view = self.configuration()
         run_id = new_run_id()
         namespaces, namespace_calls = self._namespaces.build(
@@ -156,28 +215,40 @@ class RunFactory:
             session_id=session_id,
             agent_run=session.agent_run,
         )
+        cell = Cell(session, run_id, journal, configure, view, loop)
+        cell.timeout_ms = min(max(timeout_ms, min_timeout_ms), high)
+        if options.max_output_tokens is not None:
+            cell.output_chars = min(options.max_output_tokens * 4, self._config.max_output_bytes)
+        cell.namespace_calls, cell.apis = namespace_calls, apis
+        cell.parent = self.next_parent("exec")
+        cell.span = tracing.run_span(run_id)
+        return cell
+
+    def run_for(self, cell: Cell) -> Run:
+        """The run of ``cell``: its journal, and a dispatcher over the catalog it got."""
+        journal, session = cell.journal, cell.session
+        session_id = session.session_id
         dispatcher = Dispatcher(
-            view,
-            loop,
+            cell.view,
+            cell.loop,
             outputs=self._outputs,
             session_id=session_id,
             gate=self._gate,
-            read_only=restart_safe,
-            namespace_calls=namespace_calls,
+            read_only=journal.restart_safe,
+            namespace_calls=cell.namespace_calls,
             mcp_ops=self._mcp.op if self._mcp.servers is not None else None,
             approvals=Approvals(journal.approvals),
-            run_id=run_id,
+            run_id=cell.run_id,
             agent_run=session.agent_run,
-            apis=apis,
+            apis=cell.apis,
         )
-        run = Run(scope, journal, dispatcher, run_id)
+        run = Run(session.scope, journal, dispatcher, cell.run_id)
         run.store_key = (session_id, session.branch)
-        dispatcher.parent = self.next_parent("exec")
-        dispatcher.span = tracing.run_span(run_id)
-        if options.max_output_tokens is not None:
-            run.output_chars = min(options.max_output_tokens * 4, self._config.max_output_bytes)
-        run.timeout_ms = timeout_ms
-        return run, configure
+        dispatcher.parent = cell.parent
+        dispatcher.span = cell.span
+        run.output_chars = cell.output_chars
+        run.timeout_ms = cell.timeout_ms
+        return run
 
     def imported(self, data: bytes, session_id: str) -> tuple[Run, list[Redo]]:
         """A suspended run of ``session_id`` from a journal exported elsewhere (`CodeMode.import_run`),

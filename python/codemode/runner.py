@@ -19,6 +19,7 @@ before it goes on up. The sync forms run the tools' async calls on the backgroun
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import time
@@ -114,9 +115,19 @@ class Runner:
                 return checked
         if self._mcp.servers is not None:
             self._mcp.refresh()
-        run, configure = self._factory.new_run(session, checked, loop, min_timeout_ms)
+        cell = self._factory.cell(session, checked, loop, min_timeout_ms)
+        lease = None
+        if cell.output_chars is None:  # (a text budget may cut even a plain value: as a run)
+            try:
+                lease = self._supervisor.first_step(cell.journal, cell.configure, cell.timeout_ms)
+            except Exception as e:
+                return self._broken(None, started, e)
+            if lease is not None and lease.report is not None:
+                return self._live.first_result(cell, lease.report, lease.value, started)
+        run = self._factory.run_for(cell)
         self._live.add(run)
-        return self._driven(run, started, "exec", lambda: self._supervisor.start(run, configure, run.timeout_ms))
+        drive = self._supervisor.start if lease is None else functools.partial(self._supervisor.take_over, lease)
+        return self._driven(run, started, "exec", drive, cell.configure, cell.timeout_ms)
 
     @tracing.traced("exec")
     async def exec_async(
@@ -159,9 +170,7 @@ class Runner:
         if isinstance(claimed, Failed):
             return claimed
         run, configure, answer = claimed
-        return self._driven(
-            run, started, "wait", lambda: self._supervisor.resume(run, configure, run.timeout_ms, answer)
-        )
+        return self._driven(run, started, "wait", self._supervisor.resume, configure, run.timeout_ms, answer)
 
     @tracing.traced("wait")
     async def wait_async(self, session: Session, args: Any) -> Result:
@@ -238,12 +247,12 @@ class Runner:
             return self._broken(run, started, e)
         return run, configure, answer
 
-    def _driven(self, run: Run, started: float, kind: str, drive: Callable[[], Step]) -> Result:
-        """``run``'s step (``drive``) as the spec's result. Whatever goes wrong in the host meanwhile,
-        the run ends in a defined state: a failure is `_broken`; an interrupt retires it, then
-        goes on up (nothing of the run is left running, its slot is free)."""
+    def _driven(self, run: Run, started: float, kind: str, drive: Callable[..., Step], *args: Any) -> Result:
+        """``run``'s step (``drive(run, *args)``) as the spec's result. Whatever goes wrong in the
+        host meanwhile, the run ends in a defined state: a failure is `_broken`; an interrupt
+        retires it, then goes on up (nothing of the run is left running, its slot is free)."""
         try:
-            return self._live.finish(run, drive(), started, kind)
+            return self._live.finish(run, drive(run, *args), started, kind)
         except Exception as e:
             return self._broken(run, started, e)
         except BaseException:
@@ -260,11 +269,12 @@ class Runner:
             self._live.retire(run)
             raise
 
-    def _broken(self, run: Run, started: float, error: Exception) -> Failed:
+    def _broken(self, run: Run | None, started: float, error: Exception) -> Failed:
         """Something in the host failed while it drove ``run`` (a bug, or a hostile value that
-        got past every check): the run ends and frees its slot, and the caller gets a failed
-        result, never the exception."""
-        _log.exception("code mode: run %s failed in the host", run.run_id)
-        self._live.retire(run)
+        got past every check; no run: a cell's first step, `Supervisor.first_step`): the run
+        ends and frees its slot, and the caller gets a failed result, never the exception."""
+        _log.exception("code mode: run %s failed in the host", run.run_id if run is not None else "(first step)")
+        if run is not None:
+            self._live.retire(run)
         message = f"code mode failed in the host: {type(error).__name__}"
         return Failed(error=message, code="internal_error", telemetry=self._live.telemetry(started, None))

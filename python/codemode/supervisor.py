@@ -49,20 +49,26 @@ from collections.abc import Callable
 
 from .errors import ClosedError
 from .fleet import KILL_GRACE_S, Fleet, Out, failed, run_all, send_drop
-from .frames import FrameQueue
+from .frames import Direct, FrameQueue
 from .loop_reading import LoopReading
 from .placement import LocalPlacement, Placement
-from .protocol import CallResult, Configure
-from .readers import LoopReader, Readers, Waiter
+from .protocol import CallResult, Configure, Report
+from .readers import Lease, LoopReader, Readers, Waiter
 from .reports import ReportRouter
-from .runs import Failure, Phase, Run, Step
+from .runs import Failure, Journal, Phase, Run, Step
 from .tool_starts import SYNC_TOOL_THREADS, ToolStarter
 from .waiting import Waiting
+from .workers import SPIN_S, Inflight
 
 __all__ = ["KILL_GRACE_S", "SYNC_TOOL_THREADS", "Supervisor"]
 
 #: How long the catalog must stay unchanged before idle workers are configured with it.
 PRIME_DELAY_S = 0.005
+
+
+def _closed() -> Failure:
+    """How a run in progress fails when its ``CodeMode`` closes."""
+    return failed("runtime_unavailable", "ClosedError", "this CodeMode is closed")
 
 
 class Supervisor:
@@ -154,8 +160,8 @@ class Supervisor:
     def start(self, run: Run, configure: Configure, timeout_ms: int) -> Step:
         """Runs a new cell until it completes, fails, or suspends; blocks this thread only."""
         waiter = Waiter()
-        self._begin(run, configure, timeout_ms, waiter, direct=True)
-        return self._waiting.wait_sync(run, waiter)
+        direct = self._begin(run, configure, timeout_ms, waiter, direct=True)
+        return self._waiting.wait_sync(run, waiter, direct)
 
     async def start_async(self, run: Run, configure: Configure, timeout_ms: int) -> Step:
         waiter = Waiter(asyncio.get_running_loop())
@@ -167,40 +173,41 @@ class Supervisor:
         ``answer`` (JSON) to its yields, and drives it on, replaying its journal first if its
         runtime is gone."""
         waiter = Waiter()
-        ready = self._begin_resume(run, configure, timeout_ms, waiter, answer, direct=True)
-        return ready if ready is not None else self._waiting.wait_sync(run, waiter)
+        ready, direct = self._begin_resume(run, configure, timeout_ms, waiter, answer, direct=True)
+        return ready if ready is not None else self._waiting.wait_sync(run, waiter, direct)
 
     async def resume_async(self, run: Run, configure: Configure, timeout_ms: int, answer: str = "null") -> Step:
         waiter = Waiter(asyncio.get_running_loop())
-        ready = self._begin_resume(run, configure, timeout_ms, waiter, answer)
+        ready, _ = self._begin_resume(run, configure, timeout_ms, waiter, answer)
         return ready if ready is not None else await self._waiting.wait_async(run, waiter)
 
-    def _begin(self, run: Run, configure: Configure, timeout_ms: int, waiter: Waiter, *, direct: bool = False) -> None:
+    def _begin(
+        self, run: Run, configure: Configure, timeout_ms: int, waiter: Waiter, *, direct: bool = False
+    ) -> Direct | None:
         """Queues the run's start. ``direct`` (a caller on its own thread): on an idle worker it
-        goes out at once, and the caller reads the reply (`FrameQueue.send_direct`)."""
+        goes out at once: the frames the caller writes, then it reads the reply
+        (`FrameQueue.send_direct`)."""
         fleet = self._fleet
         out: Out = []
         with fleet.lock:
             if fleet.closed:
                 raise ClosedError("this CodeMode is closed")
-            run.configure = configure
-            run.timeout_ms = timeout_ms
-            run.dispatcher.listener = functools.partial(fleet.tool_starts.results_ready, run)
-            run.waiter = waiter
-            fleet.waited.add(run)
-            run.step.deadline = time.monotonic() + timeout_ms / 1000.0
-            if not (direct and fleet.frames.send_direct(run, "start", waiter, out)):
+            self._attach(run, configure, timeout_ms, waiter, time.monotonic())
+            sent = fleet.frames.send_direct(run, "start", waiter, out) if direct else None
+            if sent is None:
                 fleet.frames.enqueue(run, "start", out)
         run_all(out)
+        return sent
 
     def _begin_resume(
         self, run: Run, configure: Configure, timeout_ms: int, waiter: Waiter, answer: str, *, direct: bool = False
-    ) -> Step | None:
+    ) -> tuple[Step | None, Direct | None]:
         """Attaches ``waiter`` to the run; the step at once if an advance already ended it.
         A yield's answer is settled like a tool result, so its journal keeps it for a replay.
-        ``direct``: as for `_begin`, a settle for a resident run."""
+        ``direct``: as for `_begin`, a settle for a resident run (what the caller writes)."""
         fleet = self._fleet
         out: Out = []
+        sent: Direct | None = None
         with fleet.lock:
             if fleet.closed:
                 raise ClosedError("this CodeMode is closed")
@@ -218,12 +225,7 @@ class Supervisor:
                 ready: Step | None = step
             else:
                 ready = None
-                run.configure = configure
-                run.timeout_ms = timeout_ms
-                run.dispatcher.listener = functools.partial(fleet.tool_starts.results_ready, run)
-                run.waiter = waiter
-                fleet.waited.add(run)
-                step.deadline = time.monotonic() + timeout_ms / 1000.0
+                self._attach(run, configure, timeout_ms, waiter, time.monotonic())
                 step.extended = False
                 if run.yields:
                     run.dispatcher.requeue([CallResult(call_id, True, answer) for call_id in run.yields])
@@ -233,12 +235,114 @@ class Supervisor:
                     lane.attached.add(run)
                 if run.phase is Phase.PARKED and run.dispatcher.has_ready():
                     kind = "settle" if lane is not None else "replay"
-                    if not (direct and kind == "settle" and fleet.frames.send_direct(run, kind, waiter, out)):
+                    if direct and kind == "settle":
+                        sent = fleet.frames.send_direct(run, kind, waiter, out)
+                    if sent is None:
                         fleet.frames.enqueue(run, kind, out, waiter)
                 elif lane is not None:
                     fleet.readers.ensure_reader(lane, waiter)
         run_all(out)
-        return ready
+        return ready, sent
+
+    def _attach(self, run: Run, configure: Configure, timeout_ms: int, waiter: Waiter, since: float) -> None:
+        """Under the lock: ``waiter`` waits for the run's step, due ``timeout_ms`` after ``since``."""
+        run.configure = configure
+        run.timeout_ms = timeout_ms
+        run.dispatcher.listener = functools.partial(self._fleet.tool_starts.results_ready, run)
+        run.waiter = waiter
+        self._fleet.waited.add(run)
+        run.step.deadline = since + timeout_ms / 1000.0
+
+    # ---- a cell's first step, before it is a run -----------------------------------------------
+    def first_step(self, journal: Journal, configure: Configure, timeout_ms: int) -> Lease | None:
+        """A sync exec's cell goes straight to an idle worker before the host makes it a run: most
+        cells end in their first step, and a run's bookkeeping was most of what such an exec
+        cost the host. None if no worker is idle (it starts as a run: `start`). Else the lease,
+        let go of with the report and value if the cell completed plainly within `SPIN_S` (no
+        tool call, output or store write); else still held, for the run to take over
+        (`take_over`)."""
+        fleet = self._fleet
+        lease = Lease()
+        with fleet.lock:
+            if fleet.closed:
+                raise ClosedError("this CodeMode is closed")
+            lane = fleet.place()
+            if isinstance(lane, str) or lane.reader is not None or not fleet.frames.idle(lane):
+                return None
+            frames = fleet.frames.lease(lane, lease, configure, journal, timeout_ms)
+        written = False
+        try:
+            lane.worker.send(frames, lease.kill_at)  # (a failed write: the read finds the pipe's end)
+            fleet.frames.flush(lane)  # (frames others queued meanwhile: drops)
+            written = True
+            lease.read = fleet.readers.look(lane, SPIN_S)
+        except BaseException:
+            self._abandon(lease, written)
+            raise
+        got, error, _, _ = lease.read
+        if error is not None or len(got) != 1:
+            return lease
+        report, decoded = got[0]
+        if not (
+            isinstance(report, Report)
+            and report.run == lease.engine_run
+            and report.status == "completed"
+            and not report.outputs
+            and report.store_writes is None
+            and isinstance(decoded, tuple)  # (else too heavy for the host)
+        ):
+            return lease
+        out: Out = []
+        with fleet.lock:
+            if lane.reader is lease and not lane.dead:
+                lane.pipeline.popleft()
+                fleet.frames.kick(lane, out)
+                fleet.readers.release_reader(lane, lease, out)
+                fleet.retire_if_done(lane, out)
+                lease.report, lease.value = report, decoded[1]
+        run_all(out)
+        return lease
+
+    def take_over(self, lease: Lease, run: Run, configure: Configure, timeout_ms: int) -> Step:
+        """The run of a cell whose first step is leased takes the lease over: it is then as a
+        direct `start` leaves a run (resident on the lane, its start in flight, its caller the
+        lane's reader), what the lease read is routed as its reader would have, and from there
+        its step is waited for as any run's."""
+        fleet = self._fleet
+        lane = lease.lane
+        assert lane is not None
+        waiter = Waiter()
+        out: Out = []
+        with fleet.lock:
+            if lane.dead:  # closed meanwhile (nothing else ends a leased lane)
+                fleet.readers.release_reader(lane, lease, out)
+                run.phase = Phase.ENDED
+                closed: Step | None = Step(status="failed", failure=_closed())
+            else:
+                closed = None
+                self._attach(run, configure, timeout_ms, waiter, lease.sent)
+                fleet.frames.reside(run, lane)
+                lane.attached.add(run)
+                run.engine_run = lease.engine_run
+                run.next_frame, run.queued_at = "start", lease.sent
+                run.phase = Phase.RUNNING
+                lane.pipeline[0] = Inflight(run, "start", lease.sent, lease.kill_at)
+                lane.reader = waiter
+        run_all(out)
+        return closed or self._waiting.wait_sync(run, waiter, read=lease.read)
+
+    def _abandon(self, lease: Lease, written: bool) -> None:
+        """A lease's caller is interrupted: the lane goes to its thread, which drops the cell's
+        reply when it comes (`ReportRouter.route`); a start not wholly written may have left
+        part of a frame in the pipe, so that worker is killed (its runs go on elsewhere)."""
+        lane = lease.lane
+        assert lane is not None
+        out: Out = []
+        with self._fleet.lock:
+            if not written:
+                lane.worker.signal_kill()
+            self._fleet.readers.release_reader(lane, lease, out)
+        run_all(out)
 
     def drop(self, run: Run, failure: Failure | None = None) -> None:
         """Frees a run's runtime wherever it is (cancel, expiry, snapshot limit, a caller gone);
@@ -304,7 +408,7 @@ class Supervisor:
                 return
             fleet.closed = True
             lanes, fleet.lanes = fleet.lanes, []
-            closed = failed("runtime_unavailable", "ClosedError", "this CodeMode is closed")
+            closed = _closed()
             for lane in lanes:
                 lane.dead = True
                 for run in list(lane.residents):

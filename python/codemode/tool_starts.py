@@ -80,14 +80,15 @@ class ToolStarter:
                 # Landed on the thread that waits for the run, which reads the reply itself: to
                 # an idle worker, the settle goes straight out (`FrameQueue.send_direct`).
                 waiter = run.waiter
-                direct = (
-                    waiter is not None
-                    and waiter.loop is None
-                    and waiter.thread == threading.get_ident()
-                    and fleet.frames.send_direct(run, "settle", waiter, out)
+                sent = (
+                    fleet.frames.send_direct(run, "settle", waiter, out)
+                    if waiter is not None and waiter.loop is None and waiter.thread == threading.get_ident()
+                    else None
                 )
-                if not direct:
+                if sent is None:
                     fleet.frames.enqueue(run, "settle" if run.lane is not None else "replay", out)
+                elif sent[1]:
+                    out.append(functools.partial(fleet.frames.write, *sent))
         run_all(out)
 
     def release(self, run: Run, out: Out) -> None:

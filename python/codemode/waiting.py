@@ -16,11 +16,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from .fleet import KILL_GRACE_S, READ_TICK_S, Fleet, Out, run_all
-from .readers import Waiter, on_loop
+from .readers import Read, Waiter, on_loop
 from .runs import Phase, Run, Step
 from .workers import Lane
+
+if TYPE_CHECKING:
+    from .frames import Direct
 
 __all__ = ["Waiting"]
 
@@ -33,19 +37,21 @@ class Waiting:
         #: Frees a run whose async caller was cancelled (`Supervisor.drop`).
         self._drop = drop
 
-    def wait_sync(self, run: Run, waiter: Waiter) -> Step:
+    def wait_sync(self, run: Run, waiter: Waiter, direct: Direct | None = None, read: Read | None = None) -> Step:
         """The calling thread waits for the run's step: it runs the run's sync tools, reads the
         run's worker itself while no one else does (for every run there), or sleeps until it is
         woken or its deadline comes. (A wake-up that comes while it is busy is kept: its next
-        sleep returns at once and it looks again; so does a stale one.) A caller made the reader
-        of its run's worker as its frame went out looks there first (`_first_look`)."""
+        sleep returns at once and it looks again; so does a stale one.) ``direct``: the run's
+        frame goes straight to an idle worker (`FrameQueue.send_direct`): this thread writes
+        it and reads the reply first (`_direct`). ``read``: what its worker wrote to a lease the
+        run took over (`Supervisor.take_over`), routed first."""
         try:
-            lane = run.lane
-            if lane is not None and lane.reader is waiter:
-                step = self._first_look(run, waiter, lane)
-                if step is not None:
-                    return step
-            return self._wait_sync_loop(run, waiter)
+            step = None
+            if direct is not None:
+                step = self._direct(run, waiter, *direct)
+            elif read is not None and run.lane is not None:
+                step = self._fleet.readers.deliver(run.lane, read, waiter, run)
+            return step if step is not None else self._wait_sync_loop(run, waiter)
         except BaseException:
             # (An interrupt, say, or a sync tool's BaseException.) Never left as a lane's
             # reader: the lane goes to its thread, and the run is dropped by the caller.
@@ -59,25 +65,26 @@ class Waiting:
             run_all(out)
             raise
 
-    def _first_look(self, run: Run, waiter: Waiter, lane: Lane) -> Step | None:
-        """One look at the worker its run's frame just went to: the step if the reply ended it;
-        else None, and the loop goes on from there (as this lane's reader while it is still the
-        run's and alive: a dead one is let go here, which closes its pipes)."""
+    def _direct(self, run: Run, waiter: Waiter, lane: Lane, frames: list[Any], deadline: float) -> Step | None:
+        """Writes the run's frames to its idle worker as the lane's writer, then reads the reply
+        as its reader, three turns of the lock in all (sent, written, routed): the step if the
+        reply ended it; else None, and the loop goes on from there (as this lane's reader while
+        it is still the run's and alive)."""
+        if not frames:
+            return None  # (nothing was to be sent after all: the loop looks at the run)
         fleet, readers = self._fleet, self._fleet.readers
+        lane.worker.send(frames, deadline)  # (a failed write: the reply's read finds the pipe's end)
         with fleet.lock:
-            if lane.reader is not waiter or waiter.step is not None or waiter.work:
-                return None
-            waiter.polling = lane
-            timeout = readers.poll_timeout(lane)
-        readers.pump(lane, timeout)
-        out: Out = []
-        with fleet.lock:
-            waiter.polling = None
-            step = None if waiter.work else waiter.step  # (tools handed to it run first, in the loop)
-            if step is not None or lane.dead or run.lane is not lane:
-                readers.release_reader(lane, waiter, out)
-        run_all(out)
-        return step
+            flush = bool(lane.outbox)  # (frames others queued behind these meanwhile)
+            if not flush:
+                lane.writing = False
+            look = lane.reader is waiter and waiter.step is None and not waiter.work
+            if look:
+                waiter.polling = lane
+                timeout = readers.poll_timeout(lane)
+        if flush:
+            fleet.frames.flush(lane)
+        return readers.pump(lane, timeout, waiter, run) if look else None
 
     async def wait_async(self, run: Run, waiter: Waiter) -> Step:
         fleet = self._fleet
