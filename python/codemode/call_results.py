@@ -166,8 +166,7 @@ class CallResults:
             return sum(size for _, size in self._ready)
 
     def has_ready(self) -> bool:
-        with self._lock:
-            return bool(self._ready)
+        return bool(self._ready)  # (one read of a list's length: no lock needed)
 
     def peek(self) -> list[CallResult]:
         """The ready results, left ready."""
@@ -178,7 +177,7 @@ class CallResults:
         """The ready results, in order; with ``max_bytes``, only the first ones whose payloads
         total at most that (and at least one): the rest stay ready for the next frame."""
         with self._lock:
-            if max_bytes is None:
+            if max_bytes is None or len(self._ready) == 1:  # (one result is always taken)
                 taken, self._ready = self._ready, []
             else:
                 count, total = 0, 0

@@ -144,6 +144,8 @@ def _no_op(tracer: Tracer) -> bool:
     then hands out the API's no-op tracer). Asked before each exec/wait rather than starting a
     span that is not recording: that costs a cell ~3-5 µs of Python, most after an idle gap."""
     if isinstance(tracer, _trace.ProxyTracer):
+        if tracer._real_tracer is None and _trace._TRACER_PROVIDER is None:
+            return True  # (no provider set yet: the proxy's tracer is the no-op one)
         # (`_tracer` is the proxy's own look-up: the real tracer once a provider is set.)
         tracer = tracer._tracer
     return isinstance(tracer, _trace.NoOpTracer)

@@ -147,7 +147,15 @@ def write_before(fd: int, writable: select.poll, data: bytes, deadline: float) -
     """Writes all of ``data`` to the non-blocking ``fd`` (``writable`` polls it for POLLOUT);
     the error if it is gone, or a ``TimeoutError`` if the reader has not taken it all by
     ``deadline`` (``time.monotonic``): it stopped reading, and the caller kills it."""
-    view = memoryview(data)
+    try:
+        written = os.write(fd, data)
+    except BlockingIOError:
+        written = 0
+    except OSError as e:
+        return e
+    if written == len(data):
+        return None  # (a frame fits the pipe's buffer: nearly always, at once)
+    view = memoryview(data)[written:]
     while view:
         try:
             view = view[os.write(fd, view) :]
