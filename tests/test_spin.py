@@ -10,6 +10,7 @@ import asyncio
 import os
 import threading
 import time
+from typing import Any
 
 import pytest
 from codemode import CodeMode
@@ -155,6 +156,25 @@ def test_after_a_pause_back_to_back_cells_find_the_worker_polling_on_another_cpu
     assert _voluntary_switches(pid) - before < 200
 
 
+def _keep_off_the_hosts_cpu(session: Any, pid: int) -> None:
+    """Back-to-back cells until the worker keeps off the host's CPU. The host runs on one CPU
+    meanwhile, and pauses now and then: a worker that slept is woken on its writer's CPU, and
+    the cells that follow find that CPU shared (polling on a CPU of its own all along, it would
+    have no reason to move)."""
+    host = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(host)})
+    try:
+        for n in range(2000):
+            if n % 20 == 0:
+                time.sleep(0.001)
+            session.exec({"code": "return 1"})
+            if os.sched_getaffinity(pid) != host:
+                break
+    finally:
+        os.sched_setaffinity(0, host)
+    assert len(host - os.sched_getaffinity(pid)) == 1, "back to back, the worker never moved off the host's CPU"
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="polling needs a second CPU")
 def test_a_worker_kept_off_the_hosts_cpu_comes_back_when_the_traffic_pauses(cm):
     # Back to back the worker keeps off the CPU it found shared with the host; sleeping there
@@ -163,16 +183,30 @@ def test_a_worker_kept_off_the_hosts_cpu_comes_back_when_the_traffic_pauses(cm):
     s = cm.session("s")
     (pid,) = cm.inspect().worker_pids
     host = os.sched_getaffinity(0)
-    for _ in range(2000):
-        s.exec({"code": "return 1"})
-        if os.sched_getaffinity(pid) != host:
-            break
-    kept_off = host - os.sched_getaffinity(pid)
-    assert len(kept_off) == 1, "back to back, the worker never moved off the host's CPU"
+    _keep_off_the_hosts_cpu(s, pid)
     time.sleep(0.05)
     assert os.sched_getaffinity(pid) == host
     # And the pause ended nothing: cells after it run (and may move it off again).
     assert s.exec({"code": "return 2"})["value"] == 2
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="polling needs a second CPU")
+def test_a_worker_kept_off_the_hosts_cpu_comes_back_at_once_when_its_run_yields(cm):
+    # A run parked on `yield_control` alone is resumed by a `wait`, a model's turn later: kept
+    # off, its worker would sleep on a CPU of its own, halted by then, and that `wait` pay the
+    # wake-up (suspend + resume 2 ms apart, after back-to-back cells: ~260-450 -> ~130-150 µs).
+    # It takes every CPU back before it sleeps, not STAY_AWAY (5 ms) later.
+    s = cm.session("s")
+    (pid,) = cm.inspect().worker_pids
+    host = os.sched_getaffinity(0)
+    _keep_off_the_hosts_cpu(s, pid)
+    waiting = s.exec({"code": "await yield_control('pause'); return 3"})
+    assert waiting["status"] == "waiting"
+    deadline = time.monotonic() + 0.004  # (well within STAY_AWAY)
+    while os.sched_getaffinity(pid) != host and time.monotonic() < deadline:
+        time.sleep(0.0002)
+    assert os.sched_getaffinity(pid) == host
+    assert s.wait({"runId": waiting["runId"]})["value"] == 3
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="polling needs a second CPU")

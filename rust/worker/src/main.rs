@@ -31,6 +31,7 @@ use std::os::fd::RawFd;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use codemode_engine::YIELD_TOOL;
 use codemode_spin::{readable_soon, Spin};
 use pipe::{readable_within, write_all, FrameReader};
 use protocol::{AnyFrame, HostFrame, Ready, Status, WorkerFrame};
@@ -122,6 +123,9 @@ fn serve() -> Result<(), Fatal> {
     let mut spin = None;
     // When the last reply went, whether it parked the run, whether its answers came quick.
     let (mut replied_at, mut was_parked, mut quick_answers) = (None::<Instant>, false, true);
+    // Whether the last reply parked its run on `yield_control` alone: its answer comes with the
+    // host's next `wait`, after a model's turn, not in microseconds as a tool's may.
+    let mut yielded = false;
     loop {
         // Whether the frame came while the worker polled (on a CPU of its own, most likely) or
         // woke it (onto its host's CPU, most likely: a pipe's wake-up is a sync one).
@@ -141,6 +145,11 @@ fn serve() -> Result<(), Fatal> {
                     unsafe { worker.idle() };
                 }
                 let came = spin.is_some_and(|spin| readable_soon(STDIN, SPIN, spin));
+                if yielded && codemode_spin::away() {
+                    // A run that yielded is resumed by a `wait`, after a model's turn: kept off,
+                    // the worker's CPU would halt meanwhile and that `wait` pay its wake-up.
+                    codemode_spin::come_back();
+                }
                 if !came && worker.has_idle_work() && !readable_within(STDIN, grace) {
                     // SAFETY: as above.
                     unsafe { worker.idle() };
@@ -172,9 +181,11 @@ fn serve() -> Result<(), Fatal> {
             send(reply)?;
         }
         let parked = matches!(&reply, Some(WorkerFrame::Report(report)) if report.status == Status::Pending);
+        yielded = matches!(&reply, Some(WorkerFrame::Report(report))
+            if parked && !report.calls.is_empty() && report.calls.iter().all(|call| *call.1 == *YIELD_TOOL));
         (replied_at, was_parked) = (Some(Instant::now()), parked);
         spin = match parked {
-            true if !quick_answers || !(polled || codemode_spin::away()) => None,
+            true if yielded || !quick_answers || !(polled || codemode_spin::away()) => None,
             true => Some(Spin::Yielding),
             false if quick => Some(Spin::Moving),
             false => Some(Spin::Yielding),
