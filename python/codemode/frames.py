@@ -272,9 +272,11 @@ class FrameQueue:
 
     def lease(self, lane: Lane, holder: Lease, configure: Any, journal: Journal, timeout_ms: int) -> list[Any]:
         """Under the lock, for an idle lane with no reader: a cell's first step goes to it before
-        the cell is a run (`Supervisor.first_step`). ``holder`` is the lane's reader and writer
-        until it lets go or a run takes it over; meanwhile the lease is the frame in flight and
-        every other frame for the worker queues (`may_write`). Returns the frames to write."""
+        the cell is a run (`Supervisor.first_step`). ``holder`` is the lane's reader until it
+        lets go or a run takes it over; meanwhile the lease is the frame in flight and every
+        other frame for the worker queues (`may_write`), so the holder writes its own at once,
+        with no outbox to flush after it (a `Drop` goes straight to the worker, whole, as ever).
+        Returns the frames to write."""
         fleet = self._fleet
         now = time.monotonic()
         holder.lane = lane
@@ -288,7 +290,6 @@ class FrameQueue:
         lane.pipeline.append(Inflight(None, "lease", now, holder.kill_at))
         self._served_now(journal.session_id)
         lane.reader = holder
-        lane.writing = True
         return frames
 
     @staticmethod

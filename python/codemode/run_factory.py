@@ -131,6 +131,9 @@ class RunFactory:
     def configuration(self) -> tuple[Configure, CatalogView]:
         """The catalog a run would get now, and what a worker needs to run against it."""
         view = self._catalog()
+        current = self._configure
+        if current is not None and current.fingerprint == view.fingerprint:
+            return current, view  # (the catalog is the one it was built for: no lock to take)
         with self._configure_lock:
             current = self._configure
             if current is None or current.fingerprint != view.fingerprint:

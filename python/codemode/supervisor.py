@@ -273,7 +273,6 @@ class Supervisor:
         written = False
         try:
             lane.worker.send(frames, lease.kill_at)  # (a failed write: the read finds the pipe's end)
-            fleet.frames.flush(lane)  # (frames others queued meanwhile: drops)
             written = True
             lease.read = fleet.readers.look(lane, SPIN_S)
         except BaseException:

@@ -383,6 +383,9 @@ class ToolRegistry:
     def view(self, policy: Policy) -> CatalogView:
         """The run catalog under ``policy``, in the spec's order (core host tools, plugin tools,
         MCP, client) and by id within each, so equal sets give equal bytes."""
+        cached = self._views.get(policy)  # (one read of the cache: no lock while it is current)
+        if cached is not None and cached[0] == self.version:
+            return cached[1]
         with self._lock:
             cached = self._views.get(policy)
             if cached is not None and cached[0] == self.version:
