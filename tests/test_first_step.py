@@ -159,6 +159,31 @@ def test_an_interrupt_while_a_lease_is_held_leaves_the_worker_serving(cm, monkey
     assert len(inspection.worker_pids) == 1
 
 
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, RuntimeError])
+def test_a_run_that_cannot_be_made_for_a_held_lease_lets_the_worker_go(cm, monkeypatch, interrupt):
+    """The cell's first step is leased and shows a tool call, and making its run fails (an
+    interrupt, or a bug): no run takes the lease over, so the lane is let go of, not left
+    leased; the worker serves on."""
+    factory = cm.runner._factory
+    run_for = factory.run_for
+
+    def failing(cell: Any) -> Any:
+        monkeypatch.setattr(factory, "run_for", run_for)
+        raise interrupt
+
+    monkeypatch.setattr(factory, "run_for", failing)
+    session = cm.session("s")
+    if interrupt is KeyboardInterrupt:
+        with pytest.raises(KeyboardInterrupt):
+            session.exec({"code": TOOLS_CALLED})
+    else:
+        result = session.exec({"code": TOOLS_CALLED})
+        assert result["status"] == "failed" and result["code"] == "internal_error", result
+    assert session.exec({"code": TOOLS_CALLED})["value"] == 9
+    assert session.exec({"code": "return 6"})["value"] == 6
+    assert cm.runner._supervisor.killed == 0
+
+
 def test_an_interrupt_before_the_start_is_written_replaces_the_worker(cm, monkeypatch):
     """A start not wholly written may have left part of a frame in the pipe: that worker goes."""
     lane = cm.runner._supervisor._fleet.lanes[0]

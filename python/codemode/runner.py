@@ -117,15 +117,19 @@ class Runner:
             self._mcp.refresh()
         cell = self._factory.cell(session, checked, loop, min_timeout_ms)
         lease = None
-        if cell.output_chars is None:  # (a text budget may cut even a plain value: as a run)
-            try:
+        try:
+            if cell.output_chars is None:  # (a text budget may cut even a plain value: as a run)
                 lease = self._supervisor.first_step(cell.journal, cell.configure, cell.timeout_ms)
-            except Exception as e:
-                return self._broken(None, started, e)
-            if lease is not None and lease.report is not None:
-                return self._live.first_result(cell, lease.report, lease.value, started)
-        run = self._factory.run_for(cell)
-        self._live.add(run)
+                if lease is not None and lease.report is not None:
+                    return self._live.first_result(cell, lease.report, lease.value, started)
+            run = self._factory.run_for(cell)
+            self._live.add(run)
+        except BaseException as e:
+            if lease is not None and lease.report is None:
+                self._supervisor.abandon(lease)  # (no run will take it over)
+            if not isinstance(e, Exception):
+                raise
+            return self._broken(None, started, e)
         drive = self._supervisor.start if lease is None else functools.partial(self._supervisor.take_over, lease)
         return self._driven(run, started, "exec", drive, cell.configure, cell.timeout_ms)
 

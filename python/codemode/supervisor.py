@@ -276,7 +276,7 @@ class Supervisor:
             written = True
             lease.read = fleet.readers.look(lane, SPIN_S)
         except BaseException:
-            self._abandon(lease, written)
+            self.abandon(lease, written)
             raise
         got, error, _, _ = lease.read
         if error is not None or len(got) != 1:
@@ -310,8 +310,12 @@ class Supervisor:
         fleet = self._fleet
         lane = lease.lane
         assert lane is not None
-        waiter = Waiter()
         out: Out = []
+        try:
+            waiter = Waiter()
+        except BaseException:
+            self.abandon(lease)  # (interrupted before the run took it: the lane must not stay leased)
+            raise
         with fleet.lock:
             if lane.dead:  # closed meanwhile (nothing else ends a leased lane)
                 fleet.readers.release_reader(lane, lease, out)
@@ -330,12 +334,17 @@ class Supervisor:
         run_all(out)
         return closed or self._waiting.wait_sync(run, waiter, read=lease.read)
 
-    def _abandon(self, lease: Lease, written: bool) -> None:
-        """A lease's caller is interrupted: the lane goes to its thread, which drops the cell's
-        reply when it comes (`ReportRouter.route`); a start not wholly written may have left
-        part of a frame in the pipe, so that worker is killed (its runs go on elsewhere)."""
+    def abandon(self, lease: Lease, written: bool = True) -> None:
+        """A lease held by no run any more (its caller was interrupted, or failed to make the
+        run): the lane goes to its thread, which drops the cell's reply when it comes
+        (`ReportRouter.route`); a start not wholly written may have left part of a frame in the
+        pipe, so that worker is killed (its runs go on elsewhere). A reply the lease read
+        already is routed first, as that dropped reply."""
         lane = lease.lane
         assert lane is not None
+        got, error, _, _ = lease.read
+        if got or error is not None:
+            self._fleet.readers.deliver(lane, lease.read)
         out: Out = []
         with self._fleet.lock:
             if not written:
