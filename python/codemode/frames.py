@@ -88,7 +88,7 @@ class FrameQueue:
                 fleet.end(run, "failed", out, failure=failed("runtime_unavailable", "WorkerUnavailable", message))
                 return
             lane = placed
-            self.reside(run, lane)
+            self._reside(run, lane)
         if run.waiter is not None:
             lane.attached.add(run)
         run.next_frame = kind
@@ -102,7 +102,7 @@ class FrameQueue:
         """A run's ``start`` (it is placed first) or ``settle`` whose caller's thread waits for
         it goes straight to its worker when that one is idle (nothing queued or in flight
         there, nobody reading it): the caller is made the lane's writer and reader, writes the
-        frames it is given (`write`, or `Waiting.wait_direct`) and reads the reply itself, with
+        frames it is given (`write`, or `Waiting._direct`) and reads the reply itself, with
         no queue, no hand-over of the reader and no wake-up in between. None if the worker is
         not idle: then it queues as any other (`enqueue`). No frames: nothing to send after all
         (or its time is up), as `kick` would find."""
@@ -110,7 +110,7 @@ class FrameQueue:
         if lane is None or isinstance(lane, str) or lane.reader is not None or not self.idle(lane):
             return None
         if kind == "start":
-            self.reside(run, lane)
+            self._reside(run, lane)
         lane.attached.add(run)
         run.next_frame = kind
         run.queued_at = time.monotonic()
@@ -124,7 +124,7 @@ class FrameQueue:
         return lane, frames, lane.pipeline[-1].kill_at
 
     @staticmethod
-    def reside(run: Run, lane: Lane) -> None:
+    def _reside(run: Run, lane: Lane) -> None:
         """A run's runtime is placed on ``lane``."""
         run.lane = lane
         run.placements += 1
@@ -292,6 +292,20 @@ class FrameQueue:
         lane.reader = holder
         return frames
 
+    def hand_over(self, lease: Lease, run: Run, waiter: Waiter) -> None:
+        """Under the lock: the run of a leased first step takes the lease over (`Supervisor.
+        take_over`), and is then as `send_direct` leaves a run it sent: resident on the lane,
+        its start the frame in flight, its caller the lane's reader."""
+        lane = lease.lane
+        assert lane is not None
+        self._reside(run, lane)
+        lane.attached.add(run)
+        run.engine_run = lease.engine_run
+        run.next_frame, run.queued_at = "start", lease.sent
+        run.phase = Phase.RUNNING
+        lane.pipeline[0] = Inflight(run, "start", lease.sent, lease.kill_at)
+        lane.reader = waiter
+
     @staticmethod
     def _configure(lane: Lane, configure: Any, frames: list[Any]) -> None:
         """A start or a replay configures its worker first when it has another catalog."""
@@ -355,8 +369,17 @@ class FrameQueue:
         """Writes the lane's outbox in order (outside the lock; one writer at a time)."""
         while True:
             with self._fleet.lock:
-                if not lane.outbox:
-                    lane.writing = False
+                if not self.written(lane):
                     return
                 frames, deadline = lane.outbox.popleft()
             lane.worker.send(frames, deadline)
+
+    @staticmethod
+    def written(lane: Lane) -> bool:
+        """Under the lock, by the lane's writer once its frames are written: True if others
+        queued frames behind them meanwhile (it writes those next); else it is no longer the
+        writer."""
+        if lane.outbox:
+            return True
+        lane.writing = False
+        return False

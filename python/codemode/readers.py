@@ -110,7 +110,7 @@ Read = tuple[list[tuple[protocol.WorkerFrame, Any]], Exception | None, bool, boo
 
 
 class Lease:
-    """A lane's reader and writer while a cell's first step runs there, before the cell is a run
+    """A lane's reader while a cell's first step runs there, before the cell is a run
     (`FrameQueue.lease`, `Supervisor.first_step`): its engine run, when it was sent and must
     have answered, and what the worker answered (`read`; the report and its value once the
     lease is let go of, the cell over)."""

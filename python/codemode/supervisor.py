@@ -58,7 +58,7 @@ from .reports import ReportRouter
 from .runs import Failure, Journal, Phase, Run, Step
 from .tool_starts import SYNC_TOOL_THREADS, ToolStarter
 from .waiting import Waiting
-from .workers import SPIN_S, Inflight
+from .workers import SPIN_S
 
 __all__ = ["KILL_GRACE_S", "SYNC_TOOL_THREADS", "Supervisor"]
 
@@ -294,7 +294,7 @@ class Supervisor:
         out: Out = []
         with fleet.lock:
             if lane.reader is lease and not lane.dead:
-                lane.pipeline.popleft()
+                fleet.frames.next_in_pipeline(lane)
                 fleet.frames.kick(lane, out)
                 fleet.readers.release_reader(lane, lease, out)
                 fleet.retire_if_done(lane, out)
@@ -324,13 +324,7 @@ class Supervisor:
             else:
                 closed = None
                 self._attach(run, configure, timeout_ms, waiter, lease.sent)
-                fleet.frames.reside(run, lane)
-                lane.attached.add(run)
-                run.engine_run = lease.engine_run
-                run.next_frame, run.queued_at = "start", lease.sent
-                run.phase = Phase.RUNNING
-                lane.pipeline[0] = Inflight(run, "start", lease.sent, lease.kill_at)
-                lane.reader = waiter
+                fleet.frames.hand_over(lease, run, waiter)
         run_all(out)
         return closed or self._waiting.wait_sync(run, waiter, read=lease.read)
 

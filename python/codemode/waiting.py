@@ -75,9 +75,7 @@ class Waiting:
         fleet, readers = self._fleet, self._fleet.readers
         lane.worker.send(frames, deadline)  # (a failed write: the reply's read finds the pipe's end)
         with fleet.lock:
-            flush = bool(lane.outbox)  # (frames others queued behind these meanwhile)
-            if not flush:
-                lane.writing = False
+            flush = fleet.frames.written(lane)
             look = lane.reader is waiter and waiter.step is None and not waiter.work
             if look:
                 waiter.polling = lane
