@@ -219,6 +219,9 @@ def test_a_suspended_runs_result_that_lands_during_a_lease_is_settled_after_it(m
         waiting = a.exec({"code": "return await tools.slow({i: 7})"})
         assert waiting["status"] == "waiting", waiting
         lane = cm.runner._supervisor._fleet.lanes[0]
+        deadline = time.monotonic() + 10
+        while (lane.reader is not None or lane.pipeline) and time.monotonic() < deadline:
+            time.sleep(0.001)  # (B's exec leases the worker only once nothing reads or runs there)
         queued: list[int] = []
 
         def land_a() -> None:
