@@ -343,6 +343,43 @@ def test_a_quick_sync_tool_runs_on_its_exec_callers_thread_after_its_first_call(
         assert threads[1:] == [threading.get_ident()] * 4
 
 
+def test_a_lone_runs_quick_tool_runs_on_its_callers_thread_with_the_worker_free_meanwhile(monkeypatch):
+    """A cell alone on its worker whose quick sync tool is called: the caller's thread, which
+    read the report, runs the tool at once, and it lets go of the worker first: another cell,
+    from another thread, runs on that one worker while the tool is still running (the tool
+    waits for it), and both end."""
+    monkeypatch.setattr(tool_starts, "QUICK_TOOL_S", 1.0)
+    with CodeMode({"workers": 1, "timeoutMs": 10000}) as cm:
+        threads: list[int] = []
+        other_done = threading.Event()
+        holding = threading.Event()
+
+        @cm.tool
+        def hold(wait: bool = False) -> int:
+            threads.append(threading.get_ident())
+            if wait:
+                holding.set()
+                assert other_done.wait(8), "the other cell did not run while this tool ran"
+            return 1
+
+        session = cm.session("s")
+        code = "return await tools.hold({}) + await tools.hold({})"
+        assert session.exec({"code": code})["value"] == 2  # (the first call: on the pool)
+        results: list[Any] = []
+
+        def other() -> None:
+            assert holding.wait(8)
+            results.append(cm.session("t").exec({"code": "return 40 + 2"}))
+            other_done.set()
+
+        helper = threading.Thread(target=other)
+        helper.start()
+        assert session.exec({"code": "return await tools.hold({wait: true})"})["value"] == 1
+        helper.join(10)
+        assert results and results[0]["value"] == 42, results
+        assert threads[-1] == threading.get_ident()
+
+
 def test_a_slow_sync_tool_does_not_hold_exec_past_its_deadline():
     """The caller's thread does not run a sync tool that is not known to be quick: it stays
     free to end its `exec` at the deadline (`waiting`), and the result reaches the `wait`."""

@@ -26,6 +26,7 @@ from .runs import Phase, Run
 
 if TYPE_CHECKING:
     from .dispatch import InlineCalls
+    from .readers import Waiter
 
 __all__ = ["CALLER_TOOL_THREADS", "QUICK_TOOL_S", "SYNC_TOOL_THREADS", "ToolStarter"]
 
@@ -124,7 +125,7 @@ class ToolStarter:
         tools = [tool for call_id, name, _ in calls if (tool := resolved.get(call_id, name)) in known]
         out: Out = []
         pool = None
-        lent = False
+        lent = here = False
         with self._fleet.lock:
             if counted:
                 run.starting -= 1
@@ -134,11 +135,13 @@ class ToolStarter:
                     waiter.poke()  # (it may have slept through its deadline meanwhile)
                 self._fleet.loop_reading.hand_to_loop(run, out)
             elif waiter is not None and waiter.loop is None and self._quick(tools):
-                # Its own thread runs them, once it is done with what it is doing now (when that
-                # is reading for other runs, with their actions: none waits for these tools).
-                waiter.work.append(functools.partial(self._timed, run, inline, tools, False))
-                waiter.event.set()
-                return
+                here = self._lone_on_this_thread(run, waiter, out)
+                if not here:
+                    # Its own thread runs them, once it is done with what it is doing now (when
+                    # that is reading for other runs, with their actions: none waits for these).
+                    waiter.work.append(functools.partial(self._timed, run, inline, tools, False))
+                    waiter.event.set()
+                    return
             else:
                 lent = waiter is not None and waiter.loop is None
                 if lent:
@@ -146,11 +149,37 @@ class ToolStarter:
                     run.lent_at = time.monotonic()
                 pool = self._pool(lent)
         run_all(out)
+        if here and inline is not None:
+            try:
+                self._timed(run, inline, tools, False)
+            finally:
+                waiter.busy = False  # (the loop sets it again, under the lock, when it looks)
+            return
         if inline is not None and pool is not None:
             try:
                 pool.submit(self._timed, run, inline, tools, lent)
             except RuntimeError:
                 pass  # closed: the run has gone with it
+
+    def _lone_on_this_thread(self, run: Run, waiter: Waiter, out: Out) -> bool:
+        """Under the lock: whether the run's quick sync tools may run right here, on its
+        waiting thread, now: it is reading the run's worker for this run alone (nothing else in
+        flight, queued or waited for there), so it lets go of the lane (as its loop would
+        before it ran them) and runs them at once, without a turn of that loop; else they go to
+        the thread's work list."""
+        lane = run.lane
+        if (
+            waiter.thread != threading.get_ident()
+            or waiter.work
+            or lane is None
+            or lane.reader is not waiter
+            or self._fleet.readers.need_reader(lane, run)
+        ):
+            return False
+        waiter.polling = None
+        waiter.busy = True
+        self._fleet.readers.release_reader(lane, waiter, out, run)
+        return True
 
     def close(self) -> None:
         """The pools stop (tools running there are not waited for)."""
