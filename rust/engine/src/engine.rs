@@ -513,22 +513,20 @@ impl Engine {
             )));
         }
         self.started = true;
-        // The TypeScript front end (oxc) runs on the system heap: it is not engine state, and
-        // any lazy state of its own must outlive this engine's arena.
-        let body = match arena::outside(|| frontend::prepare(source, language)) {
-            Ok(body) => body,
-            Err(e) => {
-                let (code, name) = match e {
-                    frontend::FrontendError::Syntax(_) => (ErrorCode::InvalidInput, "SyntaxError"),
-                    frontend::FrontendError::ModuleAccess(_) => (ErrorCode::InvalidInput, "Error"),
-                    frontend::FrontendError::TooDeep => (ErrorCode::InvalidInput, "RangeError"),
-                    frontend::FrontendError::Unavailable(_) => (ErrorCode::InternalError, "Error"),
-                };
-                return self.outcome(Status::Failed(Failure::new(code, name, e.message())));
+        // A plain JavaScript cell is compiled as it is, and parsed only if QuickJS refuses it
+        // (`frontend::plain_script`); any other goes through the front end first.
+        let plain = language == Language::JavaScript && frontend::plain_script(source);
+        let body = if plain {
+            std::borrow::Cow::Borrowed(source)
+        } else {
+            match Self::front_end(source, language) {
+                Ok(body) => std::borrow::Cow::Owned(body),
+                Err(failure) => return self.outcome(Status::Failed(failure)),
             }
         };
         self.flags.set_deadline_in(timeout_ms);
         let internals = &self.internals;
+        let mut refused = false;
         let started = self.context.with(|ctx| -> Result<Persistent<Promise<'static>>, Failure> {
             let mut options = EvalOptions::default();
             options.global = true;
@@ -536,6 +534,7 @@ impl Engine {
             options.strict = false;
             options.filename = Some("cell.js".into());
             let cell: Function = ctx.eval_with_options(frontend::wrap(&body), options).map_err(|e| {
+                refused = true;
                 let (name, message, stack) = describe(&ctx, &internals.describe_error, e);
                 Failure { code: Some(ErrorCode::InvalidInput), name, message, stack }
             })?;
@@ -558,10 +557,30 @@ impl Engine {
                     // `exit()` before the first await: a normal end, with its store writes.
                     Some(Abort::Exit) => self.drive(),
                     Some(why) => self.outcome(Status::Failed(Failure::aborted(why, &limits))),
+                    // A plain cell QuickJS refused: the front end's diagnostic, as if it had
+                    // gone through it first (QuickJS's own when the front end accepts it).
+                    None if plain && refused => {
+                        let failure = Self::front_end(source, language).err().unwrap_or(failure);
+                        self.outcome(Status::Failed(failure))
+                    }
                     None => self.outcome(Status::Failed(failure)),
                 }
             }
         }
+    }
+
+    /// The cell's source through the front end (oxc; on the system heap: it is not engine state,
+    /// and any lazy state of its own must outlive this engine's arena), or why it is refused.
+    fn front_end(source: &str, language: Language) -> Result<String, Failure> {
+        arena::outside(|| frontend::prepare(source, language)).map_err(|e| {
+            let (code, name) = match e {
+                frontend::FrontendError::Syntax(_) => (ErrorCode::InvalidInput, "SyntaxError"),
+                frontend::FrontendError::ModuleAccess(_) => (ErrorCode::InvalidInput, "Error"),
+                frontend::FrontendError::TooDeep => (ErrorCode::InvalidInput, "RangeError"),
+                frontend::FrontendError::Unavailable(_) => (ErrorCode::InternalError, "Error"),
+            };
+            Failure::new(code, name, e.message())
+        })
     }
 
     /// Delivers tool results, then runs the guest until it is quiet again.

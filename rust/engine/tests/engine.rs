@@ -205,6 +205,45 @@ fn module_access_and_syntax_errors_are_invalid_input() {
     }
 }
 
+/// A plain JavaScript cell goes to QuickJS without the front end's parse
+/// (`frontend::plain_script`); one QuickJS refuses gets the front end's diagnostic all the same,
+/// and a cell that is not plain is refused by the front end as before.
+#[test]
+fn a_plain_cell_quickjs_refuses_fails_with_the_front_ends_diagnostic() {
+    use codemode_engine::frontend::{plain_script, prepare};
+    for src in [
+        "return 1 +",
+        "a b",
+        "return (1",
+        "const a = 1; const a = 2",
+        "return 1 }",
+        "}); x = 1; (async () => {",
+        "import fs from 'fs'",
+        "return require('fs')",
+        "return 1 / ",
+        "const x = { a: 1,, }",
+    ] {
+        match (run(src), prepare(src, Language::JavaScript)) {
+            (Status::Failed(failure), Err(front)) => {
+                assert_eq!(failure.message, front.message(), "{src} (plain: {})", plain_script(src));
+                assert_eq!(failure.code, Some(ErrorCode::InvalidInput), "{src}");
+            }
+            // What only QuickJS refuses (a redeclaration: the front end parses, it does not
+            // resolve names), it refuses in its own words, as before.
+            (Status::Failed(failure), Ok(_)) => {
+                assert_eq!(
+                    (failure.name.as_str(), failure.code),
+                    ("SyntaxError", Some(ErrorCode::InvalidInput)),
+                    "{src}"
+                );
+                assert!(failure.message.contains("redefinition"), "{src}: {failure:?}");
+            }
+            (other, _) => panic!("{src}: {other:?}"),
+        }
+    }
+    assert!(plain_script("return 1 +") && plain_script("a b") && !plain_script("return 1 }"));
+}
+
 #[test]
 fn host_globals_do_not_exist() {
     assert_eq!(
