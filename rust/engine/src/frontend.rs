@@ -5,7 +5,9 @@
 //! top-level `return` are legal. QuickJS itself cannot strip TypeScript types,
 //! gives poor syntax errors, and would happily evaluate `import(...)` or a
 //! `require(...)` shim if one ever leaked into the global scope. This module
-//! runs every cell through oxc first to:
+//! runs every cell through oxc first (but a plain JavaScript cell, for which one
+//! lexical pass proves what the parse would find, see [`plain_script`]: the
+//! engine parses it only if QuickJS refuses it) to:
 //!
 //! * report syntax errors with 1-based line/column positions in the user's
 //!   original source, before anything executes;
