@@ -210,6 +210,49 @@ def test_a_worker_kept_off_the_hosts_cpu_comes_back_at_once_when_its_run_yields(
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="polling needs a second CPU")
+def test_a_worker_kept_off_the_hosts_cpu_comes_back_at_once_when_a_cell_after_a_pause_ends(cm):
+    # Cells 2 ms apart after a burst: the traffic never pauses STAY_AWAY (5 ms), and a worker
+    # that waited for that kept off for good, each cell's frame waking it on a CPU of its own,
+    # halted meanwhile (idle trivial cells ~94 µs kept off, ~70 with every CPU). A cell whose
+    # frame came after a pause ends: it takes every CPU back before it sleeps.
+    s = cm.session("s")
+    (pid,) = cm.inspect().worker_pids
+    host = os.sched_getaffinity(0)
+    back = 0
+    for _ in range(5):
+        _keep_off_the_hosts_cpu(s, pid)
+        time.sleep(0.002)  # (a model's turn, well within STAY_AWAY)
+        assert s.exec({"code": "return 4"})["value"] == 4
+        deadline = time.monotonic() + 0.003  # (the reply's poll window, and some: < STAY_AWAY)
+        while os.sched_getaffinity(pid) != host and time.monotonic() < deadline:
+            time.sleep(0.0002)
+        back += os.sched_getaffinity(pid) == host
+    # (Most times, not every time: a busy machine may stretch a window past the deadline.)
+    assert back >= 3, f"came back at once after {back} of 5 cells"
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="polling needs a second CPU")
+def test_a_cell_after_a_pause_moves_off_the_hosts_cpu_for_its_quick_tool_calls(cm):
+    # Woken on the host's CPU by a cell's start after a pause, a worker whose tools answered
+    # quickly before moves off that CPU when it polls for their answers (the host runs the tools
+    # there): the calls then pass between two CPUs that poll, with no wake-up each (10 paced
+    # calls, ping-pong A/B: ~0.85x the time of sleeping on the host's CPU for each answer).
+    s = cm.session("s")
+    (pid,) = cm.inspect().worker_pids
+    host = os.sched_getaffinity(0)
+    code = "let t = 0; for (let i = 0; i < 10; i++) t += await tools.double({x: i}); return t"
+    assert s.exec({"code": code})["value"] == 90  # (its tool is quick from now on)
+    moved = 0
+    for _ in range(10):
+        time.sleep(0.02)  # (past STAY_AWAY: every CPU back, asleep)
+        assert os.sched_getaffinity(pid) == host
+        assert s.exec({"code": code})["value"] == 90
+        moved += os.sched_getaffinity(pid) != host
+    # (Most times, not every time: another task on the other CPU may keep it there.)
+    assert moved >= 4, f"moved off the host's CPU in {moved} of 10 cells"
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="polling needs a second CPU")
 def test_a_worker_polls_for_quick_tool_answers_on_a_cpu_of_its_own(cm):
     # Back to back, the worker polls on the CPU the host does not use; parked on a tool that
     # answers within microseconds it polls for the answer there too, instead of sleeping and

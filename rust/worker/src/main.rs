@@ -109,20 +109,24 @@ fn serve() -> Result<(), Fatal> {
     // halt (`codemode_spin`). After a run ended whose frame came back to back (within the
     // window of the reply before), it polls `Moving`: off a CPU it finds shared with the host,
     // and kept off it while the traffic keeps coming; otherwise `Yielding`. Parked on tools, it
-    // polls only where it is not on the host's CPU (it keeps off that one, or the frame it
-    // answered came while it polled: a frame that wakes it wakes it on the writer's CPU), since
-    // the host runs the tools there and a yield does not reliably give the CPU back; and only
-    // while the host's answers have been quick (the last one within the window): a poll that
-    // runs out cost each MCP call ~100 µs, by taking a CPU the server and the host's MCP loop
-    // need. Never on one CPU; asked each time (a syscall, ~0.3 µs), for the host narrows a
-    // starting worker's CPUs and widens them once it is up (`workers._start_elsewhere`).
+    // polls only while the host's answers have been quick (the last one within the window): a
+    // poll that runs out cost each MCP call ~100 µs, by taking a CPU the server and the host's
+    // MCP loop need. Where the frame it answered woke it (on the writer's CPU, most likely,
+    // where the host runs the tools and a yield does not reliably give the CPU back) it polls
+    // `Moving`: off that CPU, its calls then pass between two CPUs that poll, with no wake-up
+    // each (10 paced calls: ~0.85x the time); else `Yielding`, where it is. Never on one CPU;
+    // asked each time (a syscall, ~0.3 µs), for the host narrows a starting worker's CPUs and
+    // widens them once it is up (`workers._start_elsewhere`).
     //
-    // A worker kept off the host's CPU that then sleeps `STAY_AWAY` comes back to it: after an
-    // idle gap of some ms, a CPU of its own has halted deep and waking it there costs more than
-    // a wake-up on the host's CPU (`codemode_spin::come_back`).
+    // A worker kept off the host's CPU comes back to it (`codemode_spin::come_back`) once the
+    // traffic pauses: after `STAY_AWAY` of quiet, or at once when its run yielded or a run that
+    // came after a pause ended (see below). Kept off, it could be woken only on a CPU of its
+    // own, halted meanwhile.
     let mut spin = None;
     // When the last reply went, whether it parked the run, whether its answers came quick.
     let (mut replied_at, mut was_parked, mut quick_answers) = (None::<Instant>, false, true);
+    // Whether the last frame came within the poll window of the reply before it.
+    let mut was_quick = false;
     // Whether the last reply parked its run on `yield_control` alone: its answer comes with the
     // host's next `wait`, after a model's turn, not in microseconds as a tool's may.
     let mut yielded = false;
@@ -145,9 +149,15 @@ fn serve() -> Result<(), Fatal> {
                     unsafe { worker.idle() };
                 }
                 let came = spin.is_some_and(|spin| readable_soon(STDIN, SPIN, spin));
-                if yielded && codemode_spin::away() {
-                    // A run that yielded is resumed by a `wait`, after a model's turn: kept off,
-                    // the worker's CPU would halt meanwhile and that `wait` pay its wake-up.
+                if codemode_spin::away() && (yielded || (!was_parked && !was_quick)) {
+                    // A run that yielded is resumed by a `wait`, after a model's turn; a run that
+                    // ended in the frame that started it, after a pause, is no burst of back-to-
+                    // back cells or tool calls (the host paused, as between a model's turns).
+                    // Kept off, the worker could be woken only on a CPU of its own, halted
+                    // meanwhile: measured, idle trivial cells ~70 µs with every CPU to wake on,
+                    // ~94 kept off. (With cells 2 ms apart after a burst, it never had
+                    // `STAY_AWAY` quiet: it kept off for good.) A run whose tool calls came back
+                    // quick stays off: those ping-pong better on CPUs of their own.
                     codemode_spin::come_back();
                 }
                 if !came && worker.has_idle_work() && !readable_within(STDIN, grace) {
@@ -167,6 +177,7 @@ fn serve() -> Result<(), Fatal> {
         };
         // Whether this frame came within the poll window of the last reply: back to back.
         let quick = replied_at.is_some_and(|at| at.elapsed() <= SPIN);
+        was_quick = quick;
         if was_parked {
             quick_answers = quick;
         }
@@ -185,8 +196,9 @@ fn serve() -> Result<(), Fatal> {
             if parked && !report.calls.is_empty() && report.calls.iter().all(|call| *call.1 == *YIELD_TOOL));
         (replied_at, was_parked) = (Some(Instant::now()), parked);
         spin = match parked {
-            true if yielded || !quick_answers || !(polled || codemode_spin::away()) => None,
-            true => Some(Spin::Yielding),
+            true if yielded || !quick_answers => None,
+            true if polled || codemode_spin::away() => Some(Spin::Yielding),
+            true => Some(Spin::Moving),
             false if quick => Some(Spin::Moving),
             false => Some(Spin::Yielding),
         }
