@@ -53,6 +53,12 @@ const ENDED_GRACE: Duration = Duration::from_micros(500);
 /// pays no wake-up of a halted CPU (~35 µs of a trivial cell's ~90 at 100 µs).
 const SPIN: Duration = Duration::from_micros(300);
 
+/// A parked run's answers that came this soon after its report are a host's own tools (~30-60
+/// µs here), not an MCP server's (~250-400 µs): only for those does a worker woken on the
+/// host's CPU move off it to poll (an MCP call's poll took the CPU the server and the host's
+/// loop need: 10 calls through a cell 4.4 -> 5.0-6.2 ms).
+const PROMPT: Duration = Duration::from_micros(150);
+
 /// How long a worker kept off its host's CPU (`Spin::Moving`) sleeps there before it comes
 /// back. Measured side by side (10 tool calls, paced): kept off, 0.6 ms after 2 ms idle but 1.6
 /// ms after 5 ms, 1.8 after 10, 2.4 after 50; back, 1.0, 1.0, 1.1, 1.5.
@@ -113,8 +119,9 @@ fn serve() -> Result<(), Fatal> {
     // poll that runs out cost each MCP call ~100 µs, by taking a CPU the server and the host's
     // MCP loop need. Where the frame it answered woke it (on the writer's CPU, most likely,
     // where the host runs the tools and a yield does not reliably give the CPU back) it polls
-    // `Moving`: off that CPU, its calls then pass between two CPUs that poll, with no wake-up
-    // each (10 paced calls: ~0.85x the time); else `Yielding`, where it is. Never on one CPU;
+    // `Moving` while the answers are the host's own tools' (within `PROMPT`): off that CPU, its
+    // calls then pass between two CPUs that poll, with no wake-up each (10 paced calls: ~0.85x
+    // the time); else `Yielding`, where it is. Never on one CPU;
     // asked each time (a syscall, ~0.3 µs), for the host narrows a starting worker's CPUs and
     // widens them once it is up (`workers._start_elsewhere`).
     //
@@ -125,8 +132,9 @@ fn serve() -> Result<(), Fatal> {
     let mut spin = None;
     // When the last reply went, whether it parked the run, whether its answers came quick.
     let (mut replied_at, mut was_parked, mut quick_answers) = (None::<Instant>, false, true);
-    // Whether the last frame came within the poll window of the reply before it.
-    let mut was_quick = false;
+    // Whether the last frame came within the poll window of the reply before it; whether the
+    // host's last answer to a parked run came within `PROMPT`.
+    let (mut was_quick, mut prompt_answers) = (false, true);
     // Whether the last reply parked its run on `yield_control` alone: its answer comes with the
     // host's next `wait`, after a model's turn, not in microseconds as a tool's may.
     let mut yielded = false;
@@ -180,6 +188,7 @@ fn serve() -> Result<(), Fatal> {
         was_quick = quick;
         if was_parked {
             quick_answers = quick;
+            prompt_answers = replied_at.is_some_and(|at| at.elapsed() <= PROMPT);
         }
         let frame: HostFrame = protocol::decode(reader.body(len))?;
         reader.consume(len);
@@ -198,7 +207,8 @@ fn serve() -> Result<(), Fatal> {
         spin = match parked {
             true if yielded || !quick_answers => None,
             true if polled || codemode_spin::away() => Some(Spin::Yielding),
-            true => Some(Spin::Moving),
+            true if prompt_answers => Some(Spin::Moving),
+            true => None,
             false if quick => Some(Spin::Moving),
             false => Some(Spin::Yielding),
         }
