@@ -121,9 +121,9 @@ fn serve() -> Result<(), Fatal> {
     // where the host runs the tools and a yield does not reliably give the CPU back) it polls
     // `Moving` while the answers are the host's own tools' (within `PROMPT`): off that CPU, its
     // calls then pass between two CPUs that poll, with no wake-up each (10 paced calls: ~0.85x
-    // the time); else `Yielding`, where it is. Never on one CPU;
-    // asked each time (a syscall, ~0.3 µs), for the host narrows a starting worker's CPUs and
-    // widens them once it is up (`workers._start_elsewhere`).
+    // the time); else `Yielding`, where it is. Never on one CPU; asked each time (a syscall,
+    // ~0.3 µs), for the host narrows a starting worker's CPUs and widens them once it is up
+    // (`workers._start_elsewhere`).
     //
     // A worker kept off the host's CPU comes back to it (`codemode_spin::come_back`) once the
     // traffic pauses: after `STAY_AWAY` of quiet, or at once when its run yielded or a run that
@@ -184,11 +184,12 @@ fn serve() -> Result<(), Fatal> {
             }
         };
         // Whether this frame came within the poll window of the last reply: back to back.
-        let quick = replied_at.is_some_and(|at| at.elapsed() <= SPIN);
+        let since_reply = replied_at.map(|at| at.elapsed());
+        let quick = since_reply.is_some_and(|since| since <= SPIN);
         was_quick = quick;
         if was_parked {
             quick_answers = quick;
-            prompt_answers = replied_at.is_some_and(|at| at.elapsed() <= PROMPT);
+            prompt_answers = since_reply.is_some_and(|since| since <= PROMPT);
         }
         let frame: HostFrame = protocol::decode(reader.body(len))?;
         reader.consume(len);
