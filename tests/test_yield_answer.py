@@ -91,6 +91,32 @@ def test_an_answered_yield_is_replayed_from_the_journal_after_a_worker_kill(cm):
     assert done["value"] == [{"deep": ["answer"]}, "slow", True], done
 
 
+def test_a_wait_whose_answered_run_then_runs_past_its_deadline_fails_timeout(cm):
+    # The wait's settle goes straight to the idle worker; nothing comes back while its caller
+    # first looks, so the run's waiter takes over and the kill ends it on time.
+    s = cm.session()
+    run_id = asked(s, "await yield_control('go on?'); while (true) {}")
+    done = s.wait({"runId": run_id, "answer": "yes"})
+    assert (done["status"], done["code"]) == ("failed", "timeout"), done
+    assert s.exec({"code": "return 1 + 1"})["value"] == 2
+
+
+def test_a_worker_killed_while_it_runs_an_answered_yield_replays_the_run_with_the_answer(make_codemode):
+    cm = make_codemode({"enabled": True, "workers": 1, "timeoutMs": 10_000})
+    s = cm.session()
+    code = "const a = await yield_control('q'); const t = Date.now(); while (Date.now() - t < 300) {} return a"
+    run_id = asked(s, code)
+    (pid,) = cm.inspect().worker_pids
+    killer = threading.Timer(0.1, os.kill, (pid, signal.SIGKILL))
+    killer.start()
+    try:
+        done = s.wait({"runId": run_id, "answer": {"kept": True}})
+    finally:
+        killer.cancel()
+    assert done["value"] == {"kept": True}, done
+    assert pid not in cm.inspect().worker_pids
+
+
 def test_an_answer_that_is_not_json_is_invalid_input_and_the_run_stays_waiting(cm):
     s = cm.session()
     run_id = asked(s)

@@ -252,12 +252,7 @@ class FrameQueue:
                     return None
             else:
                 step.deadline = now + run.timeout_ms / 1000.0  # an advance: the run's own budget
-            for call_id, _, _ in results:
-                journal.open_inputs.pop(call_id, None)
-            journal.batches.append(results)
-            if not step.extended and step.deadline - now < SETTLE_FLOOR_S:
-                step.deadline, step.extended = now + SETTLE_FLOOR_S, True
-            frames.append(Settle(run.engine_run, results, max(1.0, (step.deadline - now) * 1000.0)))
+            frames.append(self._settle(run, results, now))
             kill_at = step.deadline + KILL_GRACE_S
         else:
             run.engine_run = fleet.next_run_id()
@@ -292,19 +287,41 @@ class FrameQueue:
         lane.reader = holder
         return frames
 
-    def hand_over(self, lease: Lease, run: Run, waiter: Waiter) -> None:
-        """Under the lock: the run of a leased first step takes the lease over (`Supervisor.
+    def settle_lease(self, lane: Lane, holder: Lease, run: Run, results: list[CallResult]) -> list[Any]:
+        """Under the lock, for an idle lane with no reader where ``run`` is parked: its settle
+        of ``results`` goes out as `lease` sends a first step (`Supervisor.resume`), the run's
+        own frame in flight, read by ``holder`` (as its reader, until it lets go or the run's
+        waiter takes over). The run's step is due ``run.timeout_ms`` from now. Returns the
+        frames to write."""
+        now = time.monotonic()
+        run.step.deadline = now + run.timeout_ms / 1000.0
+        frames = [self._settle(run, self._journaled(run, results), now)]
+        holder.lane, holder.engine_run, holder.sent = lane, run.engine_run, now
+        holder.kill_at = run.step.deadline + KILL_GRACE_S
+        run.next_frame, run.queued_at = "settle", now
+        run.phase = Phase.RUNNING
+        lane.pipeline.append(Inflight(run, "settle", now, holder.kill_at))
+        self._served_now(run.scope[0])
+        lane.reader = holder
+        return frames
+
+    def hand_over(self, lease: Lease, run: Run, waiter: Waiter | None) -> None:
+        """Under the lock: the run of a leased step takes the lease over (`Supervisor.
         take_over`), and is then as `send_direct` leaves a run it sent: resident on the lane,
-        its start the frame in flight, its caller the lane's reader."""
+        its frame the one in flight, its caller (``waiter``) the lane's reader; none: the
+        lease reads on, the reply at hand. (A first step's frame was no run's yet: it becomes
+        the run's start.)"""
         lane = lease.lane
         assert lane is not None
-        self._reside(run, lane)
-        lane.attached.add(run)
-        run.engine_run = lease.engine_run
-        run.next_frame, run.queued_at = "start", lease.sent
-        run.phase = Phase.RUNNING
-        lane.pipeline[0] = Inflight(run, "start", lease.sent, lease.kill_at)
-        lane.reader = waiter
+        if lane.pipeline[0].run is None:
+            self._reside(run, lane)
+            run.engine_run = lease.engine_run
+            run.next_frame, run.queued_at = "start", lease.sent
+            run.phase = Phase.RUNNING
+            lane.pipeline[0] = Inflight(run, "start", lease.sent, lease.kill_at)
+        if waiter is not None:
+            lane.attached.add(run)
+            lane.reader = waiter
 
     @staticmethod
     def _configure(lane: Lane, configure: Any, frames: list[Any]) -> None:
@@ -320,6 +337,18 @@ class FrameQueue:
         if lane.started >= RUNS_PER_WORKER and not lane.retiring:
             lane.retiring = True
             self._fleet.spawn()
+
+    @staticmethod
+    def _settle(run: Run, results: list[CallResult], now: float) -> Settle:
+        """The settle frame of ``results`` (journaled), which its journal now records; a step
+        given results at its very deadline gets `SETTLE_FLOOR_S` more once."""
+        step, journal = run.step, run.journal
+        for call_id, _, _ in results:
+            journal.open_inputs.pop(call_id, None)
+        journal.batches.append(results)
+        if not step.extended and step.deadline - now < SETTLE_FLOOR_S:
+            step.deadline, step.extended = now + SETTLE_FLOOR_S, True
+        return Settle(run.engine_run, results, max(1.0, (step.deadline - now) * 1000.0))
 
     def _journaled(self, run: Run, results: list[CallResult]) -> list[CallResult]:
         """The results of one settle frame (taken within ``SETTLE_BUDGET_BYTES``: the rest stay

@@ -46,14 +46,16 @@ import functools
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
+from ._engine import YIELD_TOOL
 from .errors import ClosedError
 from .fleet import KILL_GRACE_S, Fleet, Out, failed, run_all, send_drop
 from .frames import Direct, FrameQueue
 from .loop_reading import LoopReading
 from .placement import LocalPlacement, Placement
-from .protocol import CallResult, Configure, Report
-from .readers import Lease, LoopReader, Readers, Waiter
+from .protocol import CallResult, Configure, Fault, Report
+from .readers import Lease, LoopReader, Read, Readers, Waiter
 from .reports import ReportRouter
 from .runs import Failure, Journal, Phase, Run, Step
 from .tool_starts import SYNC_TOOL_THREADS, ToolStarter
@@ -69,6 +71,30 @@ PRIME_DELAY_S = 0.005
 def _closed() -> Failure:
     """How a run in progress fails when its ``CodeMode`` closes."""
     return failed("runtime_unavailable", "ClosedError", "this CodeMode is closed")
+
+
+def _dropped() -> Failure:
+    """How a run's step ends for its caller when the run is dropped meanwhile."""
+    return failed("internal_error", "CancelledError", "code mode run was dropped")
+
+
+def _ends_step(read: Read) -> bool:
+    """Whether a reply a lease read ends its run's step whoever routes it: one frame, a fault
+    or a report that completed, failed, or parked on yields alone (they suspend the run). Not
+    a report's tool calls, which a reply routed with no waiter (an advance's) would hold, nor
+    a worker's death, after which a run with a waiter goes on elsewhere at once."""
+    got, error, _, _ = read
+    if error is not None or len(got) != 1:
+        return False
+    frame = got[0][0]
+    if not isinstance(frame, Report):
+        return isinstance(frame, Fault)
+    if frame.status != "pending":
+        return True
+    for call in frame.calls:
+        if call[1] != YIELD_TOOL:
+            return False
+    return bool(frame.calls)
 
 
 class Supervisor:
@@ -172,6 +198,9 @@ class Supervisor:
         """Goes on with a suspended run (``wait``): delivers what its tools answered, and
         ``answer`` (JSON) to its yields, and drives it on, replaying its journal first if its
         runtime is gone."""
+        leased = self._resume_leased(run, configure, timeout_ms, answer)
+        if leased is not None:
+            return leased
         waiter = Waiter()
         ready, direct = self._begin_resume(run, configure, timeout_ms, waiter, answer, direct=True)
         return ready if ready is not None else self._waiting.wait_sync(run, waiter, direct)
@@ -244,13 +273,46 @@ class Supervisor:
         run_all(out)
         return ready, sent
 
-    def _attach(self, run: Run, configure: Configure, timeout_ms: int, waiter: Waiter, since: float) -> None:
-        """Under the lock: ``waiter`` waits for the run's step, due ``timeout_ms`` after ``since``."""
+    def _resume_leased(self, run: Run, configure: Configure, timeout_ms: int, answer: str) -> Step | None:
+        """A `wait` that answers a resident run's yields, with nothing else to deliver or start
+        and its worker idle, goes as a cell's first step does (`first_step`): the caller writes
+        the settle and reads the reply, and the run takes the lease over (`take_over`). None if
+        it cannot go so: the general way (`_begin_resume`) then."""
+        fleet = self._fleet
+        lease = Lease()
+        with fleet.lock:
+            lane = run.lane
+            if (
+                fleet.closed
+                or lane is None
+                or lane.reader is not None
+                or not fleet.frames.idle(lane)
+                or run.phase is not Phase.PARKED
+                or run.waiter is not None
+                or not run.yields
+                or run.held
+                or run.dispatcher.approvals
+                or run.step.ended
+                or run.dispatcher.has_ready()
+            ):
+                return None
+            run.configure, run.timeout_ms = configure, timeout_ms
+            run.step.extended = False
+            answers = [CallResult(call_id, True, answer) for call_id in run.yields]
+            run.yields.clear()
+            frames = fleet.frames.settle_lease(lane, lease, run, answers)
+        self._write_and_look(lease, frames)
+        return self.take_over(lease, run, configure, timeout_ms)
+
+    def _attach(self, run: Run, configure: Configure, timeout_ms: int, waiter: Waiter | None, since: float) -> None:
+        """Under the lock: ``waiter`` waits for the run's step, due ``timeout_ms`` after ``since``
+        (none: a step whose reply is at hand, `take_over`)."""
         run.configure = configure
         run.timeout_ms = timeout_ms
         run.dispatcher.listener = functools.partial(self._fleet.tool_starts.results_ready, run)
-        run.waiter = waiter
-        self._fleet.waited.add(run)
+        if waiter is not None:
+            run.waiter = waiter
+            self._fleet.waited.add(run)
         run.step.deadline = since + timeout_ms / 1000.0
 
     # ---- a cell's first step, before it is a run -----------------------------------------------
@@ -270,14 +332,7 @@ class Supervisor:
             if isinstance(lane, str) or lane.reader is not None or not fleet.frames.idle(lane):
                 return None
             frames = fleet.frames.lease(lane, lease, configure, journal, timeout_ms)
-        written = False
-        try:
-            lane.worker.send(frames, lease.kill_at)  # (a failed write: the read finds the pipe's end)
-            written = True
-            lease.read = fleet.readers.look(lane, SPIN_S)
-        except BaseException:
-            self.abandon(lease, written)
-            raise
+        self._write_and_look(lease, frames)
         got, error, _, _ = lease.read
         if error is not None or len(got) != 1:
             return lease
@@ -302,31 +357,64 @@ class Supervisor:
         run_all(out)
         return lease
 
+    def _write_and_look(self, lease: Lease, frames: list[Any]) -> None:
+        """The leaseholder writes its frames, then reads what the worker answers within
+        `SPIN_S` (``lease.read``). Interrupted, it lets go of the lease (`abandon`): a reply
+        it read goes where the lane's reader would have sent it."""
+        lane = lease.lane
+        assert lane is not None
+        written = False
+        try:
+            lane.worker.send(frames, lease.kill_at)  # (a failed write: the read finds the pipe's end)
+            written = True
+            lease.read = self._fleet.readers.look(lane, SPIN_S)
+        except BaseException:
+            self.abandon(lease, written)
+            raise
+
     def take_over(self, lease: Lease, run: Run, configure: Configure, timeout_ms: int) -> Step:
-        """The run of a cell whose first step is leased takes the lease over: it is then as a
-        direct `start` leaves a run (resident on the lane, its start in flight, its caller the
-        lane's reader), what the lease read is routed as its reader would have, and from there
-        its step is waited for as any run's."""
+        """The run of a leased step (a cell's first, `first_step`; a `wait`'s settle,
+        `_resume_leased`) takes the lease over, and what the lease read is routed as its
+        reader would have. A reply that ends the step (`_ends_step`) is routed as an advance's
+        (`ReportRouter`): no waiter is set up, the step is at hand. Else the run is as a
+        direct `start` or settle leaves one (resident on the lane, its frame in flight, its
+        caller the lane's reader), and its step is waited for as any run's."""
         fleet = self._fleet
         lane = lease.lane
         assert lane is not None
+        ends = _ends_step(lease.read)
         out: Out = []
         try:
-            waiter = Waiter()
+            waiter = None if ends else Waiter()
         except BaseException:
             self.abandon(lease)  # (interrupted before the run took it: the lane must not stay leased)
             raise
         with fleet.lock:
-            if lane.dead:  # closed meanwhile (nothing else ends a leased lane)
+            closed, dropped = lane.dead, run.aborted  # (dropped: a `wait`'s run, as its settle went out)
+            if closed:  # (nothing else ends a leased lane)
                 fleet.readers.release_reader(lane, lease, out)
                 run.phase = Phase.ENDED
-                closed: Step | None = Step(status="failed", failure=_closed())
-            else:
-                closed = None
+            elif not dropped:
                 self._attach(run, configure, timeout_ms, waiter, lease.sent)
                 fleet.frames.hand_over(lease, run, waiter)
         run_all(out)
-        return closed or self._waiting.wait_sync(run, waiter, read=lease.read)
+        if closed:
+            return Step(status="failed", failure=_closed())
+        if dropped:
+            self.abandon(lease)  # (what it read is routed to the run, which drops it)
+            return Step(status="failed", failure=_dropped())
+        if waiter is not None:
+            return self._waiting.wait_sync(run, waiter, read=lease.read)
+        fleet.readers.deliver(lane, lease.read)
+        out = []
+        with fleet.lock:
+            fleet.readers.release_reader(lane, lease, out)
+            step = run.step
+            if step.status == "suspended":
+                run.step = Step()
+        run_all(out)
+        # (Not ended: the run was dropped meanwhile, and its reply with it.)
+        return step if step.ended else Step(status="failed", failure=_dropped())
 
     def abandon(self, lease: Lease, written: bool = True) -> None:
         """A lease held by no run any more (its caller was interrupted, or failed to make the
@@ -370,9 +458,7 @@ class Supervisor:
                 run.phase = Phase.ENDED
             if waiter is not None:
                 fleet.waited.discard(run)
-                waiter.step = Step(
-                    failure=failure or failed("internal_error", "CancelledError", "code mode run was dropped")
-                )
+                waiter.step = Step(failure=failure or _dropped())
                 out.append(waiter.wake)
         run_all(out)
 
