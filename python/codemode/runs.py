@@ -430,7 +430,13 @@ class RunTable:
                 if len(self._runs) >= self._limit and self._holding(now) >= self._limit:
                     return TOO_MANY
                 session_id = run.scope[0]
-                if self._holding(now, session_id) >= self._per_session:
+                held = self._sessions.get(session_id)
+                # (Only a session with its share of entries can hold its share of slots.)
+                if (
+                    held is not None
+                    and len(held) >= self._per_session
+                    and self._holding(now, session_id) >= self._per_session
+                ):
                     return TOO_MANY_IN_SESSION.format(limit=self._per_session)
             run.expires_at = now + self._ttl
             self._file(run)
