@@ -220,9 +220,10 @@ class FrameQueue:
         quick = run.next_frame == "settle" and run.drive_s <= PIPELINE_QUICK_S
         return quick and run.dispatcher.ready_bytes() <= PIPELINE_FRAME_BYTES
 
-    def frame_for(self, lane: Lane, run: Run, out: Out) -> list[Any] | None:
+    def frame_for(self, lane: Lane, run: Run, out: Out, results: list[CallResult] | None = None) -> list[Any] | None:
         """The frame(s) for a run's turn on its worker, which is now busy with it; None if it
-        has nothing to send after all."""
+        has nothing to send after all. A settle carries ``results`` if given, else the results
+        ready for the run."""
         fleet = self._fleet
         now = time.monotonic()
         kind, step, journal = run.next_frame, run.step, run.journal
@@ -237,7 +238,9 @@ class FrameQueue:
             kill_at = step.deadline + KILL_GRACE_S
             self._count_start(lane)
         elif kind == "settle":
-            results = self._journaled(run, run.dispatcher.take_ready(max_bytes=SETTLE_BUDGET_BYTES))
+            if results is None:
+                results = run.dispatcher.take_ready(max_bytes=SETTLE_BUDGET_BYTES)
+            results = self._journaled(run, results)
             if not results:
                 run.phase = Phase.PARKED
                 return None
@@ -252,7 +255,12 @@ class FrameQueue:
                     return None
             else:
                 step.deadline = now + run.timeout_ms / 1000.0  # an advance: the run's own budget
-            frames.append(self._settle(run, results, now))
+            for call_id, _, _ in results:
+                journal.open_inputs.pop(call_id, None)
+            journal.batches.append(results)
+            if not step.extended and step.deadline - now < SETTLE_FLOOR_S:
+                step.deadline, step.extended = now + SETTLE_FLOOR_S, True
+            frames.append(Settle(run.engine_run, results, max(1.0, (step.deadline - now) * 1000.0)))
             kill_at = step.deadline + KILL_GRACE_S
         else:
             run.engine_run = fleet.next_run_id()
@@ -287,20 +295,18 @@ class FrameQueue:
         lane.reader = holder
         return frames
 
-    def settle_lease(self, lane: Lane, holder: Lease, run: Run, results: list[CallResult]) -> list[Any]:
-        """Under the lock, for an idle lane with no reader where ``run`` is parked: its settle
-        of ``results`` goes out as `lease` sends a first step (`Supervisor.resume`), the run's
-        own frame in flight, read by ``holder`` (as its reader, until it lets go or the run's
-        waiter takes over). The run's step is due ``run.timeout_ms`` from now. Returns the
-        frames to write."""
-        now = time.monotonic()
-        run.step.deadline = now + run.timeout_ms / 1000.0
-        frames = [self._settle(run, self._journaled(run, results), now)]
-        holder.lane, holder.engine_run, holder.sent = lane, run.engine_run, now
-        holder.kill_at = run.step.deadline + KILL_GRACE_S
-        run.next_frame, run.queued_at = "settle", now
-        run.phase = Phase.RUNNING
-        lane.pipeline.append(Inflight(run, "settle", now, holder.kill_at))
+    def settle_lease(self, lane: Lane, holder: Lease, run: Run, results: list[CallResult], out: Out) -> list[Any]:
+        """Under the lock, for an idle lane with no reader where ``run`` is parked with no
+        waiter: its settle of ``results`` (`frame_for`, as an advance's: due ``run.timeout_ms``
+        from now) goes out as `lease` sends a first step (`Supervisor.resume`), the run's own
+        frame in flight, read by ``holder`` (as its reader, until it lets go or the run's
+        waiter takes over). Returns the frames to write."""
+        run.next_frame, run.queued_at = "settle", time.monotonic()
+        frames = self.frame_for(lane, run, out, results)
+        assert frames is not None  # (a settle with results, for a run with no waiter)
+        inflight = lane.pipeline[-1]
+        holder.lane, holder.engine_run = lane, run.engine_run
+        holder.sent, holder.kill_at = inflight.sent, inflight.kill_at
         self._served_now(run.scope[0])
         lane.reader = holder
         return frames
@@ -337,18 +343,6 @@ class FrameQueue:
         if lane.started >= RUNS_PER_WORKER and not lane.retiring:
             lane.retiring = True
             self._fleet.spawn()
-
-    @staticmethod
-    def _settle(run: Run, results: list[CallResult], now: float) -> Settle:
-        """The settle frame of ``results`` (journaled), which its journal now records; a step
-        given results at its very deadline gets `SETTLE_FLOOR_S` more once."""
-        step, journal = run.step, run.journal
-        for call_id, _, _ in results:
-            journal.open_inputs.pop(call_id, None)
-        journal.batches.append(results)
-        if not step.extended and step.deadline - now < SETTLE_FLOOR_S:
-            step.deadline, step.extended = now + SETTLE_FLOOR_S, True
-        return Settle(run.engine_run, results, max(1.0, (step.deadline - now) * 1000.0))
 
     def _journaled(self, run: Run, results: list[CallResult]) -> list[CallResult]:
         """The results of one settle frame (taken within ``SETTLE_BUDGET_BYTES``: the rest stay
