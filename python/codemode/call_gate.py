@@ -141,21 +141,18 @@ def blocked_result(call_id: int, tool: Tool, blocked: Blocked) -> CallResult:
     return CallResult(call_id, True, _encode({"content": content, "isError": True}).decode())
 
 
-class CallScope:
+class CallScope(msgspec.Struct, eq=False):
     """Whose calls these are: the session, the run and its agent run, and the exec/wait call
     the next calls belong to with its OpenTelemetry span (set before each step)."""
 
-    __slots__ = ("agent_run", "parent", "run_id", "session_id", "span")
-
-    def __init__(self, session_id: str, run_id: str, agent_run: str | None) -> None:
-        self.session_id = session_id
-        #: The run these calls belong to and its agent run, for `ToolContext` (none: host-side calls).
-        self.run_id = run_id
-        self.agent_run = agent_run
-        #: The exec/wait call the next calls belong to (for hooks and the trace).
-        self.parent = ""
-        #: Its span, the parent of the next calls' spans (None when untraced).
-        self.span: tracing.RunSpan | None = None
+    session_id: str
+    #: The run these calls belong to and its agent run, for `ToolContext` (none: host-side calls).
+    run_id: str
+    agent_run: str | None
+    #: The exec/wait call the next calls belong to (for hooks and the trace).
+    parent: str = ""
+    #: Its span, the parent of the next calls' spans (None when untraced).
+    span: tracing.RunSpan | None = None
 
 
 class CallGate:

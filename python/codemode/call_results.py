@@ -109,26 +109,24 @@ def _admitted(result: CallResult) -> tuple[CallResult, int]:
     return failed, result_bytes(failed)
 
 
-class CallResults:
-    """One run's finished calls, ready to hand over, and its async calls in flight."""
+class CallResults(msgspec.Struct, eq=False):
+    """One run's finished calls, ready to hand over, and its async calls in flight. (A struct:
+    built in C, for every run.)"""
 
-    __slots__ = ("_futures", "_landed", "_lock", "_loops", "_ready", "listener", "sink")
-
-    def __init__(self) -> None:
-        #: Results ready to hand over, each with its payload's size (`result_bytes`).
-        self._ready: list[tuple[CallResult, int]] = []
-        self._lock = threading.Lock()
-        #: Set when results land, while `wait` waits (host-side calls only).
-        self._landed: threading.Event | None = None
-        #: In-flight async calls: what cancels them (None until they are started).
-        self._futures: dict[int, Callable[[], object] | None] = {}
-        #: The loop each in-flight async call runs on.
-        self._loops: dict[int, asyncio.AbstractEventLoop] = {}
-        #: Told (with no arguments, outside the lock) after results land.
-        self.listener: Callable[[], object] | None = None
-        #: Given every result that lands (before the listener), while the run is suspended in a
-        #: shared run store: its calls' results are written there for whichever host resumes it.
-        self.sink: Callable[[list[CallResult]], object] | None = None
+    #: Results ready to hand over, each with its payload's size (`result_bytes`).
+    _ready: list[tuple[CallResult, int]] = msgspec.field(default_factory=list)
+    _lock: threading.Lock = msgspec.field(default_factory=threading.Lock)
+    #: Set when results land, while `wait` waits (host-side calls only).
+    _landed: threading.Event | None = None
+    #: In-flight async calls: what cancels them (None until they are started).
+    _futures: dict[int, Callable[[], object] | None] = msgspec.field(default_factory=dict)
+    #: The loop each in-flight async call runs on.
+    _loops: dict[int, asyncio.AbstractEventLoop] = msgspec.field(default_factory=dict)
+    #: Told (with no arguments, outside the lock) after results land.
+    listener: Callable[[], object] | None = None
+    #: Given every result that lands (before the listener), while the run is suspended in a
+    #: shared run store: its calls' results are written there for whichever host resumes it.
+    sink: Callable[[list[CallResult]], object] | None = None
 
     def add(self, results: list[CallResult]) -> None:
         """Results to hand to the run; tells the listener. Every result passes here (see

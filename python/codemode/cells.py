@@ -116,10 +116,8 @@ def check_seed(seed: int | None) -> None:
 
 
 def _lone_surrogate(code: str) -> str | None:
-    """Why ``code`` cannot reach a worker, if it holds a lone surrogate (a Python string may,
-    UTF-8 may not: no frame could carry it); None otherwise."""
-    if code.isascii():
-        return None
+    """Why ``code`` (not ASCII) cannot reach a worker, if it holds a lone surrogate (a Python
+    string may, UTF-8 may not: no frame could carry it); None otherwise."""
     try:
         code.encode("utf-8")
     except UnicodeEncodeError as e:
@@ -155,9 +153,10 @@ def check_cell(args: Any, languages: Collection[str]) -> CellArgs | str:
         return "exec requires a non-empty `code` string."
     if len(code) > MAX_SOURCE_CHARS:
         return f"exec `code` is {len(code)} characters; the limit is {MAX_SOURCE_CHARS}."
-    surrogate = _lone_surrogate(code)
-    if surrogate is not None:
-        return surrogate
+    if not code.isascii():
+        surrogate = _lone_surrogate(code)
+        if surrogate is not None:
+            return surrogate
     # `null` is how a strict-mode provider leaves an optional field out (`surfaces.EXEC_SCHEMA`).
     language = args.get("language")
     if language is None:
@@ -171,7 +170,7 @@ def check_cell(args: Any, languages: Collection[str]) -> CellArgs | str:
         restart_safe = False
     if not isinstance(restart_safe, bool):
         return "exec `restartSafe` must be a boolean."
-    options = _cell_options(code)
+    options = _cell_options(code) if "@" in code else NO_OPTIONS  # (no pragma can be there)
     if isinstance(options, str):
         return options
     return CellArgs(code, language, restart_safe, options)

@@ -72,6 +72,8 @@ class FrameQueue:
         #: Session id -> when it last had a frame sent, oldest first (fair queueing).
         self._served: dict[str, int] = {}
         self._serve_ticks = itertools.count()
+        #: The session served last (the last in ``_served``).
+        self._last_served = ""
         #: Orders `prime` calls: one that looked up the configuration later wins.
         self._prime_ticks = itertools.count(1)
 
@@ -377,6 +379,9 @@ class FrameQueue:
 
     def _served_now(self, session_id: str) -> None:
         """``session_id`` just had a frame sent (the most recent of all)."""
+        if session_id == self._last_served:
+            return  # (the most recent already: the order of the others is the same)
+        self._last_served = session_id
         served = self._served
         served.pop(session_id, None)
         served[session_id] = next(self._serve_ticks)

@@ -20,7 +20,6 @@ no catalog tools, but patterns, hooks and approvals see them as ``mcp:<server>:r
 from __future__ import annotations
 
 import fnmatch
-import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
@@ -120,19 +119,16 @@ class TraceEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, 
 
 
 class Trace:
-    """A bounded, thread-safe event list the host can export (``CodeMode.trace()``)."""
+    """A bounded, thread-safe event list the host can export (``CodeMode.trace()``): a bounded
+    deque, whose ``append`` and copy (``list``) each run in C under the GIL, so no lock."""
 
     def __init__(self, limit: int = 10_000) -> None:
         self._events: deque[TraceEvent] = deque(maxlen=limit)
-        self._lock = threading.Lock()
-
-    def add(self, event: TraceEvent) -> None:
-        with self._lock:
-            self._events.append(event)
+        #: Adds an event (the oldest goes once ``limit`` are held).
+        self.add: Callable[[TraceEvent], None] = self._events.append
 
     def export(self, session_id: str | None = None) -> list[dict[str, Any]]:
-        with self._lock:
-            events = list(self._events)
+        events = list(self._events)
         return [msgspec.to_builtins(e) for e in events if session_id is None or e.session_id == session_id]
 
     @staticmethod

@@ -165,11 +165,22 @@ class LoopReader:
         return prefer is self.keeper or prefer.loop is self.loop
 
 
+#: Why a report's guest JSON is not decoded here (`protocol.too_heavy` says what it holds).
+_TOO_HEAVY = "code mode output limit exceeded: the result is too heavy for the host: {}."
+
+
 def _decoded(report: Report) -> tuple[list[tuple[int, Any]], Any, Any] | str:
     """The guest JSON of a report, decoded (a ``ProtocolError`` if it is not JSON), outside the
     lock: outputs, the value, the store writes; or why it is too heavy to decode (the run
     fails, its worker is not to blame)."""
-    # (No comprehension runs for a report without outputs: most reports, a value at most.)
+    if not report.outputs and report.store_writes is None:  # (most reports: a value at most)
+        value = report.value
+        if value is None:
+            return [], None, None
+        heavy = too_heavy(value)
+        if heavy is not None:
+            return _TOO_HEAVY.format(heavy)
+        return [], decode_guest_json(value) if report.status == "completed" else None, None
     texts = [text for kind, text in report.outputs if kind == 1] if report.outputs else []
     if report.value is not None:
         texts.append(report.value)
@@ -178,7 +189,7 @@ def _decoded(report: Report) -> tuple[list[tuple[int, Any]], Any, Any] | str:
     for text in texts:
         heavy = too_heavy(text)
         if heavy is not None:
-            return f"code mode output limit exceeded: the result is too heavy for the host: {heavy}."
+            return _TOO_HEAVY.format(heavy)
     outputs: list[tuple[int, Any]] = (
         [(kind, decode_guest_json(text) if kind == 1 else text) for kind, text in report.outputs]
         if report.outputs
@@ -198,7 +209,7 @@ class Readers:
     def need_reader(self, lane: Lane, but: Run | None = None) -> bool:
         """The lane has a frame in flight or queued, or callers waiting on it (``but`` aside:
         the run of a caller that goes to run its sync tools and sends their results itself)."""
-        return bool(lane.inflight is not None or lane.queue or len(lane.attached) > (but in lane.attached))
+        return bool(lane.pipeline or lane.queue or len(lane.attached) > (but in lane.attached))
 
     def ensure_reader(self, lane: Lane, prefer: Waiter | None = None) -> None:
         """Someone reads the lane while it has work in flight or callers waiting on it: the
@@ -276,9 +287,10 @@ class Readers:
             self.pump(lane, timeout)
 
     def poll_timeout(self, lane: Lane) -> float:
-        if lane.inflight is None:
+        pipeline = lane.pipeline
+        if not pipeline:
             return READ_TICK_S
-        return max(0.0, min(READ_TICK_S, lane.inflight.kill_at - time.monotonic()))
+        return max(0.0, min(READ_TICK_S, pipeline[0].kill_at - time.monotonic()))
 
     def pump(self, lane: Lane, timeout: float, waiter: Waiter | None = None, run: Run | None = None) -> Step | None:
         """One look at the worker (by its current reader): route what it wrote, or kill it if
@@ -291,7 +303,7 @@ class Readers:
         error: Exception | None = None
         timed_out = False
         frames: list[tuple[protocol.WorkerFrame, Any]] = []
-        spoke = worker.readable(timeout, lane.inflight is not None)
+        spoke = worker.readable(timeout, bool(lane.pipeline))
         if spoke:
             try:
                 got = worker.receive()
@@ -331,8 +343,8 @@ class Readers:
                     error = ProtocolError(f"code mode could not route a frame from worker {worker.pid}: {e!r}")
                 if error is not None:
                     fleet.lane_died(lane, error, out, timed_out=timed_out)
-                elif lane.inflight is not None and _overdue(lane.inflight, spoke):
-                    late = "did not start in time" if lane.inflight.kind == "ready" else "overran its deadline"
+                elif lane.pipeline and _overdue(lane.pipeline[0], spoke):
+                    late = "did not start in time" if lane.pipeline[0].kind == "ready" else "overran its deadline"
                     error = worker.crashed(f"worker {worker.pid} {late}", timed_out=True)
                     fleet.lane_died(lane, error, out, timed_out=True)
             if waiter is not None and run is not None:  # (both or neither)

@@ -224,105 +224,76 @@ class Phase(enum.Enum):
     ENDED = "ended"
 
 
-class Run:
-    """One run in the host: its journal, its tools, and where its runtime lives."""
+class Run(msgspec.Struct, eq=False):
+    """One run in the host: its journal, its tools, and where its runtime lives. (A struct with
+    identity equality: built in C, for every run; hashed by identity in a lane's sets.)"""
 
-    __slots__ = (
-        "aborted",
-        "busy",
-        "configure",
-        "counts",
-        "dispatcher",
-        "drive_s",
-        "engine_run",
-        "expires_at",
-        "held",
-        "journal",
-        "journal_bytes",
-        "lane",
-        "lent",
-        "lent_at",
-        "memory_bytes",
-        "next_frame",
-        "output_chars",
-        "phase",
-        "placements",
-        "queued_at",
-        "run_id",
-        "scope",
-        "starting",
-        "step",
-        "stillborn",
-        "store_key",
-        "stored_calls",
-        "stored_version",
-        "timeout_ms",
-        "waiter",
-        "yields",
-    )
+    scope: Scope
+    journal: Journal
+    dispatcher: Dispatcher
+    #: Known from the start (a namespace scope is built with it); a `wait` needs it only once
+    #: the run is suspended.
+    run_id: str
+    #: What the journal holds for the host (results, and a restart-safe run's open inputs), in
+    #: UTF-8 bytes: bounded by ``maxJournalBytes``, counted in the snapshot (`__post_init__`).
+    journal_bytes: int = 0
+    #: The worker where the runtime is resident (or queued to be), and its id there; no lane
+    #: once it must be replayed.
+    lane: Lane | None = None
+    engine_run: int = 0
+    phase: Phase = Phase.PARKED
+    #: In the queue: what to send, ``start`` | ``settle`` | ``replay``, and since when.
+    next_frame: str = ""
+    queued_at: float = 0.0
+    #: The catalog and limits a start or a replay configures its worker with.
+    configure: Configure | None = None
+    #: Workers placed on since its last report (bounded: a run whose frame kills every worker
+    #: it is given fails).
+    placements: int = 0
+    #: Workers that died before they were ready while it waited for them, since its last
+    #: report (bounded: a run whose workers never come up fails, see `Fleet.lane_died`).
+    stillborn: int = 0
+    #: How long its worker took over its last frame: a run whose frames are quick may have its
+    #: next one wait in the pipe behind another's (see `FrameQueue.may_write`).
+    drive_s: float = 0.0
+    #: The step in progress, and who waits for it (None while suspended: then a result that
+    #: lands advances the run, and the next `wait` reports or goes on from its step).
+    step: Step = msgspec.field(default_factory=Step)
+    waiter: Any = None
+    #: Batches of calls handed to `ToolStarter.submit` and not yet started: the run is not
+    #: suspended meanwhile (its sync tools may be about to run).
+    starting: int = 0
+    #: Batches of its sync tools running on a pool for its waiting thread, and when the last
+    #: went (see `Waiting.budget`).
+    lent: int = 0
+    lent_at: float = 0.0
+    #: QuickJS memory of the resident runtime, as last reported.
+    memory_bytes: int = 0
+    #: ``yield_control`` calls waiting for the next ``wait``.
+    yields: list[int] = msgspec.field(default_factory=list)
+    #: Calls an advance made: they start only with the next `wait` (a run never gets further
+    #: than the model asked it to go).
+    held: list[tuple[int, str, str]] = msgspec.field(default_factory=list)
+    busy: bool = False
+    expires_at: float = 0.0
+    #: Cancelled or expired: its runtime is dropped, whatever it was doing.
+    aborted: bool = False
+    #: Cumulative over the run's exec and waits.
+    counts: Counts = msgspec.field(default_factory=Counts)
+    #: From the cell's ``// @options``: the text budget, and the wall clock of each call.
+    output_chars: int | None = None
+    #: ``(session id, branch)`` whose store a completed run commits to.
+    store_key: tuple[str, str] | None = None
+    timeout_ms: int = 10_000
+    #: In a shared run store (`codemode.shared_runs`): the suspensions filed (0: not there),
+    #: and its calls that have a row there, with the host that runs each.
+    stored_version: int = 0
+    stored_calls: dict[int, str] = msgspec.field(default_factory=dict)
 
-    def __init__(self, scope: Scope, journal: Journal, dispatcher: Dispatcher, run_id: str) -> None:
-        #: Known from the start (a namespace scope is built with it); a `wait` needs it only
-        #: once the run is suspended.
-        self.run_id = run_id
-        self.scope = scope
-        self.journal = journal
-        #: What the journal holds for the host (results, and a restart-safe run's open inputs),
-        #: in UTF-8 bytes: bounded by ``maxJournalBytes``, counted in the snapshot.
-        self.journal_bytes = journal_size(journal) if journal.batches or journal.open_inputs else 0
-        self.dispatcher = dispatcher
-        #: The worker where the runtime is resident (or queued to be), and its id there; no
-        #: lane once it must be replayed.
-        self.lane: Lane | None = None
-        self.engine_run = 0
-        self.phase = Phase.PARKED
-        #: In the queue: what to send, ``start`` | ``settle`` | ``replay``, and since when.
-        self.next_frame = ""
-        self.queued_at = 0.0
-        #: The catalog and limits a start or a replay configures its worker with.
-        self.configure: Configure | None = None
-        #: Workers placed on since its last report (bounded: a run whose frame kills every
-        #: worker it is given fails).
-        self.placements = 0
-        #: Workers that died before they were ready while it waited for them, since its last
-        #: report (bounded: a run whose workers never come up fails, see `Fleet.lane_died`).
-        self.stillborn = 0
-        #: How long its worker took over its last frame: a run whose frames are quick may have
-        #: its next one wait in the pipe behind another's (see `FrameQueue.may_write`).
-        self.drive_s = 0.0
-        #: The step in progress, and who waits for it (None while suspended: then a result
-        #: that lands advances the run, and the next `wait` reports or goes on from its step).
-        self.step = Step()
-        self.waiter: Any = None
-        #: Batches of calls handed to `ToolStarter.submit` and not yet started: the run is not
-        #: suspended meanwhile (its sync tools may be about to run).
-        self.starting = 0
-        #: Batches of its sync tools running on a pool for its waiting thread, and when the
-        #: last went (see `Waiting.budget`).
-        self.lent = 0
-        self.lent_at = 0.0
-        #: QuickJS memory of the resident runtime, as last reported.
-        self.memory_bytes = 0
-        #: ``yield_control`` calls waiting for the next ``wait``.
-        self.yields: list[int] = []
-        #: Calls an advance made: they start only with the next `wait` (a run never gets
-        #: further than the model asked it to go).
-        self.held: list[tuple[int, str, str]] = []
-        self.busy = False
-        self.expires_at = 0.0
-        #: Cancelled or expired: its runtime is dropped, whatever it was doing.
-        self.aborted = False
-        #: Cumulative over the run's exec and waits.
-        self.counts = Counts()
-        #: From the cell's ``// @options``: the text budget, and the wall clock of each call.
-        self.output_chars: int | None = None
-        #: ``(session id, branch)`` whose store a completed run commits to.
-        self.store_key: tuple[str, str] | None = None
-        self.timeout_ms = 10_000
-        #: In a shared run store (`codemode.shared_runs`): the suspensions filed (0: not there),
-        #: and its calls that have a row there, with the host that runs each.
-        self.stored_version = 0
-        self.stored_calls: dict[int, str] = {}
+    def __post_init__(self) -> None:
+        journal = self.journal
+        if journal.batches or journal.open_inputs:  # (a journal made elsewhere)
+            self.journal_bytes = journal_size(journal)
 
     def snapshot_overrun(self, limit: int) -> str | None:
         """Why this run may not stay suspended under ``maxSnapshotBytes`` (its resident runtime

@@ -146,11 +146,11 @@ class Waiting:
                 return None
             return step.deadline - now
         lane = run.lane
-        if run.phase is Phase.RUNNING and lane is not None and lane.inflight is not None:
+        if run.phase is Phase.RUNNING and lane is not None and lane.pipeline:
             if now < step.deadline:
                 return step.deadline - now
             # Its worker's reader kills it at the kill time: the report (or the kill) ends it.
-            return max(READ_TICK_S, lane.inflight.kill_at - now)
+            return max(READ_TICK_S, lane.pipeline[0].kill_at - now)
         # Queued: the time in the queue is not charged (`FrameQueue.frame_for`), so look again later.
         return max(READ_TICK_S, step.deadline - run.queued_at)
 

@@ -209,7 +209,8 @@ class WorkerProcess(FrameSource):
         #: The CPUs it may use once it is up (`booted`); until then, not the spawner's.
         self._cpus = _start_elsewhere(self.proc.pid)
         super().__init__(self.proc.stdout.fileno())
-        self.wfd = self.proc.stdin.fileno()
+        self._stdin = self.proc.stdin
+        self.wfd = self._stdin.fileno()
         #: Writes never block past their deadline (a worker that stops reading is killed).
         os.set_blocking(self.wfd, False)
         self._out = select.poll()
@@ -228,9 +229,11 @@ class WorkerProcess(FrameSource):
         cannot be closed (and its number reused) meanwhile."""
         data = protocol.encode(frames[0]) if len(frames) == 1 else b"".join(map(protocol.encode, frames))
         with self._write_lock:
-            if self.proc.stdin is None or self.proc.stdin.closed:
+            if self._stdin.closed:
                 return BrokenPipeError("pipe closed")
             error = write_before(self.wfd, self._out, data, deadline)
+        if error is None:
+            return None
         if isinstance(error, TimeoutError):
             self.overdue = True
             self.signal_kill()
