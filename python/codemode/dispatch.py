@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from . import protocol
 from .approvals import Approvals, FiledCall
 from .call_gate import CallGate, CallScope, Gate
 from .call_planning import CallPlanner, HostApis, McpOps, Plan, answer, planning_failure, subject
@@ -53,7 +54,7 @@ class Dispatcher:
     after each lands, on the thread that finished it, and ``wait_ready`` serves host-side calls.
     """
 
-    __slots__ = ("_deferrable", "_parts", "_results", "_scope", "_setup", "approvals", "resolved", "view")
+    __slots__ = ("_deferrable", "_parts", "_plain", "_results", "_scope", "_setup", "approvals", "resolved", "view")
 
     def __init__(
         self,
@@ -83,6 +84,8 @@ class Dispatcher:
         self._parts: tuple[CallPlanner, CallRunner] | None = None
         #: Namespace calls arrive under a marker id; this maps their call ids to the real tool.
         self.resolved: dict[int, str] = {}
+        #: Names called so far that reach a plain sync tool, with its id (`plain_sync_tools`).
+        self._plain: dict[str, str] = {}
 
     def _built(self) -> tuple[CallPlanner, CallRunner]:
         parts = self._parts
@@ -168,6 +171,38 @@ class Dispatcher:
                 self.resolved[call_id] = plan.resolved
             plans.append((call_id, plan))
         return self._launch(plans)
+
+    def plain_sync_tools(self, calls: list[protocol.Call]) -> list[str] | None:
+        """The catalog ids the calls reach, if each names (by id, or by a name with one id) a
+        sync tool this run calls with nothing in between: no hook, approval or async gate, no
+        ``MCP``/namespace wrapping, not a restart-safe run's. `submit` then plans them all to
+        run on its caller's thread or be answered at once. None if any is otherwise."""
+        plain = self._plain
+        ids = []
+        for _, name, _, _ in calls:
+            tool_id = plain.get(name)
+            if tool_id is None:
+                tool_id = self._plain_tool(name)
+                if tool_id is None:
+                    return None
+                plain[name] = tool_id  # (at most one entry per catalog tool, and its name)
+            ids.append(tool_id)
+        return ids
+
+    def _plain_tool(self, name: str) -> str | None:
+        _, _, gate, read_only, _, _, _ = self._setup
+        if read_only or (gate is not None and (gate.hook is not None or gate.approve is not None)):
+            return None
+        view = self.view
+        tool = view.tools.get(name)
+        if tool is None:
+            named = view.by_name.get(name)
+            if named is None or len(named) != 1:
+                return None
+            tool = view.tools[named[0]]
+        if tool.is_async or tool.source == "mcp" or view.needs_approval(tool):
+            return None
+        return tool.id
 
     def release(self, decided: list[tuple[int, FiledCall, Any]]) -> InlineCalls | None:
         """Acts on the host's decisions (`Approvals.take_decided`): an approved call starts as

@@ -57,6 +57,18 @@ SERVED_SESSIONS = 4096
 SETTLE_BUDGET_BYTES = protocol.MAX_FRAME_BYTES // 2
 
 
+def _settle(run: Run, results: list[CallResult], now: float) -> Settle:
+    """The settle of ``results`` (journaled, `FrameQueue._journaled`), which the run's journal
+    records; a step near its deadline gets `SETTLE_FLOOR_S` to use them (once)."""
+    step, journal = run.step, run.journal
+    for call_id, _, _ in results:
+        journal.open_inputs.pop(call_id, None)
+    journal.batches.append(results)
+    if not step.extended and step.deadline - now < SETTLE_FLOOR_S:
+        step.deadline, step.extended = now + SETTLE_FLOOR_S, True
+    return Settle(run.engine_run, results, max(1.0, (step.deadline - now) * 1000.0))
+
+
 def _journal_full(length: int, limit: int) -> str:
     return (
         f"tool result of {length} bytes would grow this run's journal past maxJournalBytes ({limit}); "
@@ -257,12 +269,7 @@ class FrameQueue:
                     return None
             else:
                 step.deadline = now + run.timeout_ms / 1000.0  # an advance: the run's own budget
-            for call_id, _, _ in results:
-                journal.open_inputs.pop(call_id, None)
-            journal.batches.append(results)
-            if not step.extended and step.deadline - now < SETTLE_FLOOR_S:
-                step.deadline, step.extended = now + SETTLE_FLOOR_S, True
-            frames.append(Settle(run.engine_run, results, max(1.0, (step.deadline - now) * 1000.0)))
+            frames.append(_settle(run, results, now))
             kill_at = step.deadline + KILL_GRACE_S
         else:
             run.engine_run = fleet.next_run_id()
@@ -287,7 +294,8 @@ class FrameQueue:
         holder.lane = lane
         holder.engine_run = fleet.next_run_id()
         holder.sent = now
-        holder.kill_at = now + timeout_ms / 1000.0 + KILL_GRACE_S
+        holder.deadline = now + timeout_ms / 1000.0
+        holder.kill_at = holder.deadline + KILL_GRACE_S
         frames: list[Any] = []
         self._configure(lane, configure, frames)
         frames.append(journal.start_frame(holder.engine_run, float(timeout_ms)))
@@ -308,10 +316,34 @@ class FrameQueue:
         assert frames is not None  # (a settle with results, for a run with no waiter)
         inflight = lane.pipeline[-1]
         holder.lane, holder.engine_run = lane, run.engine_run
-        holder.sent, holder.kill_at = inflight.sent, inflight.kill_at
+        holder.sent, holder.kill_at, holder.deadline = inflight.sent, inflight.kill_at, run.step.deadline
         self._served_now(run.scope[0])
         lane.reader = holder
         return frames
+
+    def relet(self, lane: Lane, holder: Lease, run: Run, results: list[CallResult]) -> list[Any] | None:
+        """Under the lock: the settle of ``results`` for the run of a lease whose holder let go
+        of its lane to run the run's calls (`LeaseCalls`), if the lane is idle again with the
+        run's runtime resident there and the run not past its time: the holder reads the lane
+        again, its settle the frame in flight. None if not (the run then goes on as any other)."""
+        now = time.monotonic()
+        step = run.step
+        if (
+            run.lane is not lane
+            or run.aborted
+            or lane.reader is not None
+            or not self.idle(lane)
+            or now >= step.deadline + KILL_GRACE_S
+        ):
+            return None
+        results = self._journaled(run, results)
+        frame = _settle(run, results, now)
+        holder.sent, holder.deadline, holder.kill_at = now, step.deadline, step.deadline + KILL_GRACE_S
+        lane.pipeline.append(Inflight(run, "settle", now, holder.kill_at))
+        run.phase = Phase.RUNNING
+        self._served_now(run.scope[0])
+        lane.reader = holder
+        return [frame]
 
     def hand_over(self, lease: Lease, run: Run, waiter: Waiter | None) -> None:
         """Under the lock: the run of a leased step takes the lease over (`Supervisor.

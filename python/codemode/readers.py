@@ -115,12 +115,15 @@ class Lease:
     have answered, and what the worker answered (`read`; the report and its value once the
     lease is let go of, the cell over)."""
 
-    __slots__ = ("engine_run", "kill_at", "lane", "read", "report", "sent", "value")
+    __slots__ = ("deadline", "engine_run", "kill_at", "lane", "read", "report", "sent", "value")
 
     def __init__(self) -> None:
         self.lane: Lane | None = None
         self.engine_run = 0
         self.sent = 0.0
+        #: The step's deadline (its run's, once it takes the lease over), and the kill time of
+        #: the frame in flight.
+        self.deadline = 0.0
         self.kill_at = 0.0
         self.read: Read = ([], None, False, False)
         self.report: Report | None = None
@@ -319,34 +322,15 @@ class Readers:
         return frames, error, timed_out, spoke
 
     def deliver(self, lane: Lane, read: Read, waiter: Waiter | None = None, run: Run | None = None) -> Step | None:
-        """What the lane's reader read (`look`), routed to the runs it answers; or the worker
-        discarded (it died, sent a bad frame, or is past its frame's kill time). ``waiter``:
-        the caller of ``run`` that sent its frame here and reads the reply itself; in the same
-        turn of the lock, it stops reading once its step has ended (the step is returned) or
-        its run is no longer here (a dead worker is let go of, which closes its pipes)."""
+        """What the lane's reader read (`look`), routed (`routed`). ``waiter``: the caller of
+        ``run`` that sent its frame here and reads the reply itself; in the same turn of the
+        lock, it stops reading once its step has ended (the step is returned) or its run is no
+        longer here (a dead worker is let go of, which closes its pipes)."""
         fleet = self._fleet
-        worker = lane.worker
-        frames, error, timed_out, spoke = read
         out: Out = []
         step = None
         with fleet.lock:
-            if not lane.dead:
-                try:
-                    for frame, decoded in frames:
-                        fleet.reports.route(lane, frame, decoded, out)
-                except ProtocolError as e:
-                    error = e
-                except Exception as e:
-                    # A bug in routing must not stop this worker's reader (its runs would hang):
-                    # the worker is discarded as if it had sent a bad frame.
-                    _log.exception("code mode supervisor: routing a frame from worker %s failed", worker.pid)
-                    error = ProtocolError(f"code mode could not route a frame from worker {worker.pid}: {e!r}")
-                if error is not None:
-                    fleet.lane_died(lane, error, out, timed_out=timed_out)
-                elif lane.pipeline and _overdue(lane.pipeline[0], spoke):
-                    late = "did not start in time" if lane.pipeline[0].kind == "ready" else "overran its deadline"
-                    error = worker.crashed(f"worker {worker.pid} {late}", timed_out=True)
-                    fleet.lane_died(lane, error, out, timed_out=True)
+            self.routed(lane, read, out)
             if waiter is not None and run is not None:  # (both or neither)
                 waiter.polling = None
                 step = None if waiter.work else waiter.step  # (tools handed to it run first)
@@ -354,6 +338,31 @@ class Readers:
                     self.release_reader(lane, waiter, out)
         run_all(out)
         return step
+
+    def routed(self, lane: Lane, read: Read, out: Out) -> None:
+        """Under the lock: what the lane's reader read (`look`), routed to the runs it answers;
+        or the worker discarded (it died, sent a bad frame, or is past its frame's kill time)."""
+        if lane.dead:
+            return
+        fleet = self._fleet
+        worker = lane.worker
+        frames, error, timed_out, spoke = read
+        try:
+            for frame, decoded in frames:
+                fleet.reports.route(lane, frame, decoded, out)
+        except ProtocolError as e:
+            error = e
+        except Exception as e:
+            # A bug in routing must not stop this worker's reader (its runs would hang): the
+            # worker is discarded as if it had sent a bad frame.
+            _log.exception("code mode supervisor: routing a frame from worker %s failed", worker.pid)
+            error = ProtocolError(f"code mode could not route a frame from worker {worker.pid}: {e!r}")
+        if error is not None:
+            fleet.lane_died(lane, error, out, timed_out=timed_out)
+        elif lane.pipeline and _overdue(lane.pipeline[0], spoke):
+            late = "did not start in time" if lane.pipeline[0].kind == "ready" else "overran its deadline"
+            error = worker.crashed(f"worker {worker.pid} {late}", timed_out=True)
+            fleet.lane_died(lane, error, out, timed_out=True)
 
 
 def _overdue(inflight: Inflight, spoke: bool) -> bool:

@@ -26,10 +26,10 @@ from .protocol import Fault, Ready, Report, input_hash, utf8_len
 from .runs import Failure, JournalCall, Phase, Run
 from .workers import Inflight, Lane
 
-__all__ = ["ReportRouter"]
+__all__ = ["ReportRouter", "journal_calls"]
 
 
-def _journal_calls(run: Run, report: Report) -> list[tuple[int, str, str]]:
+def journal_calls(run: Run, report: Report) -> list[tuple[int, str, str]]:
     """Journals the calls ``report`` started; returns the tool calls among them ``(call_id,
     tool, input)`` (a ``yield_control`` joins the run's yields instead)."""
     journal = run.journal
@@ -120,10 +120,21 @@ class ReportRouter:
         frames.kick(lane, out)
         fleet.retire_if_done(lane, out)
 
+    def counted(self, run: Run, report: Report) -> None:
+        """Under the lock: what a report of the run says it did, counted (its step's reports,
+        searches and memory, the clock reads its journal replays)."""
+        step = run.step
+        run.placements = run.stillborn = 0  # it got somewhere: a later death is a new one
+        step.reports += 1
+        step.searches += report.searches
+        step.describes += report.describes
+        step.memory_bytes = report.memory_bytes
+        self._fleet.set_memory(run, report.memory_bytes)
+        run.journal.clock_reads.extend(report.clock_reads)
+
     def _reported(self, lane: Lane, run: Run, report: Report, decoded: Any, out: Out) -> None:
         fleet = self._fleet
-        journal, step = run.journal, run.step
-        run.placements = run.stillborn = 0  # it got somewhere: a later death is a new one
+        step = run.step
         if isinstance(decoded, str):
             if report.status == "pending":
                 send_drop(lane, run, out)
@@ -131,13 +142,8 @@ class ReportRouter:
             fleet.end(run, "failed", out, failure=failed("output_limit_exceeded", "OutputLimitError", decoded))
             return
         outputs, value, writes = decoded
-        step.reports += 1
-        step.searches += report.searches
-        step.describes += report.describes
+        self.counted(run, report)
         step.outputs.extend(outputs)
-        step.memory_bytes = report.memory_bytes
-        fleet.set_memory(run, report.memory_bytes)
-        journal.clock_reads.extend(report.clock_reads)
         if report.status == "completed":
             step.value, step.store_writes = value, writes
             fleet.forget(run)
@@ -149,7 +155,7 @@ class ReportRouter:
             fleet.end(run, "failed", out, failure=failure)
             return
         run.phase = Phase.PARKED
-        calls = _journal_calls(run, report)
+        calls = journal_calls(run, report)
         if run.waiter is None:
             self._advanced(lane, run, calls, out)
         else:

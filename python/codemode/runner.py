@@ -204,23 +204,20 @@ class Runner:
     def _invalid(self, started: float, message: str) -> Failed:
         return Failed(error=message, code="invalid_input", telemetry=self._live.telemetry(started, None))
 
-    def _check_args(self, started: float, args: Any) -> CellArgs | Failed:
-        checked = check_cell(args, self._config.languages)
-        return self._invalid(started, checked) if isinstance(checked, str) else checked
-
     def _admit(self, started: float, args: Any) -> CellArgs | Failed:
         if self.closed:
             raise ClosedError("this CodeMode is closed")
         # (No sweep here either: the sweeper expires runs on time, and an expired run holds
         # no slot in the table, see `RunTable.suspend`.)
-        return self._check_args(started, args)
+        checked = check_cell(args, self._config.languages)
+        return self._invalid(started, checked) if isinstance(checked, str) else checked
 
     def _hooked(self, started: float, args: Any, decision: Any, checked: CellArgs) -> CellArgs | Failed:
         try:
             rewritten = apply_hook(decision, args)
         except Blocked as e:
             return self._invalid(started, f"code mode exec blocked: {e.reason}")
-        return checked if rewritten is args else self._check_args(started, rewritten)
+        return checked if rewritten is args else self._admit(started, rewritten)
 
     def _claim(self, session: Session, args: Any, started: float) -> tuple[Run, Configure, str] | Failed:
         """The run a `wait` resumes (marked resuming), the configuration a replay needs, and

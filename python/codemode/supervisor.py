@@ -51,12 +51,12 @@ from typing import Any
 from ._engine import YIELD_TOOL
 from .errors import ClosedError
 from .fleet import KILL_GRACE_S, Fleet, Out, failed, run_all, send_drop
-from .frames import Direct, FrameQueue
+from .frames import SETTLE_BUDGET_BYTES, Direct, FrameQueue
 from .loop_reading import LoopReading
 from .placement import LocalPlacement, Placement
 from .protocol import CallResult, Configure, Fault, Report
 from .readers import Lease, LoopReader, Read, Readers, Waiter
-from .reports import ReportRouter
+from .reports import ReportRouter, journal_calls
 from .runs import Failure, Journal, Phase, Run, Step
 from .tool_starts import SYNC_TOOL_THREADS, ToolStarter
 from .waiting import Waiting
@@ -221,7 +221,7 @@ class Supervisor:
         with fleet.lock:
             if fleet.closed:
                 raise ClosedError("this CodeMode is closed")
-            self._attach(run, configure, timeout_ms, waiter, time.monotonic())
+            self._attach(run, configure, timeout_ms, waiter, time.monotonic() + timeout_ms / 1000.0)
             sent = fleet.frames.send_direct(run, "start", waiter, out) if direct else None
             if sent is None:
                 fleet.frames.enqueue(run, "start", out)
@@ -229,11 +229,20 @@ class Supervisor:
         return sent
 
     def _begin_resume(
-        self, run: Run, configure: Configure, timeout_ms: int, waiter: Waiter, answer: str, *, direct: bool = False
+        self,
+        run: Run,
+        configure: Configure,
+        timeout_ms: int,
+        waiter: Waiter,
+        answer: str,
+        *,
+        direct: bool = False,
+        deadline: float | None = None,
     ) -> tuple[Step | None, Direct | None]:
         """Attaches ``waiter`` to the run; the step at once if an advance already ended it.
         A yield's answer is settled like a tool result, so its journal keeps it for a replay.
-        ``direct``: as for `_begin`, a settle for a resident run (what the caller writes)."""
+        ``direct``: as for `_begin`, a settle for a resident run (what the caller writes).
+        ``deadline``: the step's, if not ``timeout_ms`` from now (a step that goes on)."""
         fleet = self._fleet
         out: Out = []
         sent: Direct | None = None
@@ -254,8 +263,10 @@ class Supervisor:
                 ready: Step | None = step
             else:
                 ready = None
-                self._attach(run, configure, timeout_ms, waiter, time.monotonic())
-                step.extended = False
+                if deadline is None:
+                    deadline = time.monotonic() + timeout_ms / 1000.0
+                    step.extended = False
+                self._attach(run, configure, timeout_ms, waiter, deadline)
                 if run.yields:
                     run.dispatcher.requeue([CallResult(call_id, True, answer) for call_id in run.yields])
                     run.yields.clear()
@@ -306,16 +317,16 @@ class Supervisor:
         self._write_and_look(lease, frames)
         return self.take_over(lease, run, configure, timeout_ms)
 
-    def _attach(self, run: Run, configure: Configure, timeout_ms: int, waiter: Waiter | None, since: float) -> None:
-        """Under the lock: ``waiter`` waits for the run's step, due ``timeout_ms`` after ``since``
-        (none: a step whose reply is at hand, `take_over`)."""
+    def _attach(self, run: Run, configure: Configure, timeout_ms: int, waiter: Waiter | None, deadline: float) -> None:
+        """Under the lock: ``waiter`` waits for the run's step, due at ``deadline`` (none: a
+        step whose reply is at hand, `take_over`)."""
         run.configure = configure
         run.timeout_ms = timeout_ms
         run.dispatcher.listener = functools.partial(self._fleet.tool_starts.results_ready, run)
         if waiter is not None:
             run.waiter = waiter
             self._fleet.waited.add(run)
-        run.step.deadline = since + timeout_ms / 1000.0
+        run.step.deadline = deadline
 
     # ---- a cell's first step, before it is a run -----------------------------------------------
     def first_step(self, journal: Journal, configure: Configure, timeout_ms: int) -> Lease | None:
@@ -385,20 +396,32 @@ class Supervisor:
         lane = lease.lane
         assert lane is not None
         ends = _ends_step(lease.read)
+        calls = None if ends else self._quick_calls(lease, run)
+        if calls is not None:
+            parked = self._lease_calls(lease, run, configure, timeout_ms, *calls)
+            if parked is not None:
+                return parked
+            ends = _ends_step(lease.read)
         out: Out = []
         try:
             waiter = None if ends else Waiter()
         except BaseException:
             self.abandon(lease)  # (interrupted before the run took it: the lane must not stay leased)
             raise
+        step = run.step
         with fleet.lock:
             closed, dropped = lane.dead, run.aborted  # (dropped: a `wait`'s run, as its settle went out)
             if closed:  # (nothing else ends a leased lane)
                 fleet.readers.release_reader(lane, lease, out)
                 run.phase = Phase.ENDED
             elif not dropped:
-                self._attach(run, configure, timeout_ms, waiter, lease.sent)
+                self._attach(run, configure, timeout_ms, waiter, lease.deadline)
                 fleet.frames.hand_over(lease, run, waiter)
+                if waiter is None:  # (in the same turn of the lock: routed, then let go of)
+                    fleet.readers.routed(lane, lease.read, out)
+                    fleet.readers.release_reader(lane, lease, out)
+                    if step.status == "suspended":
+                        run.step = Step()
         run_all(out)
         if closed:
             return Step(status="failed", failure=_closed())
@@ -407,16 +430,96 @@ class Supervisor:
             return Step(status="failed", failure=_dropped())
         if waiter is not None:
             return self._waiting.wait_sync(run, waiter, read=lease.read)
-        fleet.readers.deliver(lane, lease.read)
-        out = []
-        with fleet.lock:
-            fleet.readers.release_reader(lane, lease, out)
-            step = run.step
-            if step.status == "suspended":
-                run.step = Step()
-        run_all(out)
         # (Not ended: the run was dropped meanwhile, and its reply with it.)
         return step if step.ended else Step(status="failed", failure=_dropped())
+
+    def _quick_calls(self, lease: Lease, run: Run) -> tuple[Report, list[tuple[int, Any]], list[str]] | None:
+        """What the lease read, if it is the run's report parked on calls its leaseholder may
+        run itself (`_lease_calls`): each to a sync tool that was quick last time with nothing
+        in between (`Dispatcher.plain_sync_tools`); with its outputs, and the catalog ids the
+        calls reach."""
+        got, error, _, _ = lease.read
+        if error is not None or len(got) != 1 or run.stored_version:
+            return None
+        report, decoded = got[0]
+        if not (
+            isinstance(report, Report)
+            and report.status == "pending"
+            and report.run == lease.engine_run
+            and report.calls
+            and len(report.calls) <= run.journal.limits.max_pending_calls
+            and isinstance(decoded, tuple)
+        ):
+            return None
+        tools = run.dispatcher.plain_sync_tools(report.calls)
+        if tools is None or not self._fleet.tool_starts.quick(tools):
+            return None
+        return report, decoded[0], tools
+
+    def _lease_calls(
+        self,
+        lease: Lease,
+        run: Run,
+        configure: Configure,
+        timeout_ms: int,
+        report: Report,
+        outputs: list[tuple[int, Any]],
+        tools: list[str],
+    ) -> Step | None:
+        """The leaseholder drives its run's quick calls itself, one report and one settle at a
+        time, while they come (`_quick_calls`) and the worker has nothing else to do: under the
+        lock the run resides on the lane, its report is counted and journaled as routing
+        would, and the lane is let go of (another run may use the worker meanwhile); its calls
+        run here (`ToolStarter.run_here`); under the lock the lane is leased again for the
+        run's settle (`FrameQueue.relet`), which is written and its reply read (`SPIN_S`). None
+        when a reply is not one of those (or none came yet): the lease is held and `take_over`
+        routes it. A step if the lane could not be had again (someone else's frame, a dead
+        worker, the run dropped or past its time): the run, parked with its results, goes on
+        as a `wait` of it would, to the same deadline."""
+        fleet = self._fleet
+        lane = lease.lane
+        assert lane is not None
+        frames, dispatcher = fleet.frames, run.dispatcher
+        run.configure, run.timeout_ms, run.step.deadline = configure, timeout_ms, lease.deadline
+        dispatcher.listener = None  # (its results are taken here; `_attach` sets it again)
+        while True:
+            out: Out = []
+            with fleet.lock:
+                if lane.reader is not lease or lane.dead or lane.queue or run.aborted:
+                    return None
+                now = time.monotonic()
+                if now >= run.step.deadline:
+                    return None
+                frames.hand_over(lease, run, None)  # (a first step's report: the run resides)
+                run.drive_s = now - lease.sent
+                frames.next_in_pipeline(lane)
+                run.phase = Phase.PARKED
+                fleet.reports.counted(run, report)
+                run.step.outputs.extend(outputs)
+                calls = journal_calls(run, report)
+                run.step.tool_calls += len(calls)
+                fleet.readers.release_reader(lane, lease, out)
+            run_all(out)
+            fleet.tool_starts.run_here(run, calls, tools)
+            results = dispatcher.take_ready(max_bytes=SETTLE_BUDGET_BYTES)
+            with fleet.lock:
+                sent = frames.relet(lane, lease, run, results)
+            if sent is None:
+                if run.aborted:
+                    return Step(status="failed", failure=_dropped())
+                if run.step.ended or fleet.closed:  # (closed meanwhile: its step failed with it)
+                    return run.step if run.step.ended else Step(status="failed", failure=_closed())
+                dispatcher.requeue(results)
+                waiter = Waiter()
+                ready, direct = self._begin_resume(
+                    run, configure, timeout_ms, waiter, "null", direct=True, deadline=run.step.deadline
+                )
+                return ready if ready is not None else self._waiting.wait_sync(run, waiter, direct)
+            self._write_and_look(lease, sent)
+            quick = self._quick_calls(lease, run)
+            if quick is None:
+                return None
+            report, outputs, tools = quick
 
     def abandon(self, lease: Lease, written: bool = True) -> None:
         """A lease held by no run any more (its caller was interrupted, or failed to make the

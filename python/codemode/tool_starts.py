@@ -50,7 +50,7 @@ class ToolStarter:
 
     def __init__(self, fleet: Fleet) -> None:
         self._fleet = fleet
-        #: Sync tool id -> how long the last batch of calls with it took (see `_quick`).
+        #: Sync tool id -> how long the last batch of calls with it took (see `quick`).
         self._tool_took: dict[str, float] = {}
         #: Threads for sync tools: of `exec_async` runs and advances (few), and standing in
         #: for `exec` callers whose tools are not known to be quick (as many as such callers).
@@ -134,7 +134,7 @@ class ToolStarter:
                 if counted and waiter is not None:
                     waiter.poke()  # (it may have slept through its deadline meanwhile)
                 self._fleet.loop_reading.hand_to_loop(run, out)
-            elif waiter is not None and waiter.loop is None and self._quick(tools):
+            elif waiter is not None and waiter.loop is None and self.quick(tools):
                 here = self._lone_on_this_thread(run, waiter, out)
                 if not here:
                     # Its own thread runs them, once it is done with what it is doing now (when
@@ -160,6 +160,14 @@ class ToolStarter:
                 pool.submit(self._timed, run, inline, tools, lent)
             except RuntimeError:
                 pass  # closed: the run has gone with it
+
+    def run_here(self, run: Run, calls: list[tuple[int, str, str]], tools: list[str]) -> None:
+        """Starts the run's calls on this thread, each a sync tool (``tools``, as
+        `Dispatcher.plain_sync_tools` found them) that was quick last time: they run here, at
+        once and timed, their results ready for the run (`LeaseCalls`)."""
+        inline = run.dispatcher.submit(calls)
+        if inline is not None:
+            self._timed(run, inline, tools, False)
 
     def _lone_on_this_thread(self, run: Run, waiter: Waiter, out: Out) -> bool:
         """Under the lock: whether the run's quick sync tools may run right here, on its
@@ -198,7 +206,7 @@ class ToolStarter:
             pool = self._pools[lent] = concurrent.futures.ThreadPoolExecutor(size, name)
         return pool
 
-    def _quick(self, tools: list[str]) -> bool:
+    def quick(self, tools: list[str]) -> bool:
         """Each of these tools has run, and took at most ``QUICK_TOOL_S`` the last time (the
         last time, not the slowest: one slow moment of a loaded host does not demote a tool
         for good; a tool that is slow stays on the pool)."""
@@ -208,7 +216,7 @@ class ToolStarter:
 
     def _timed(self, run: Run, inline: InlineCalls, tools: list[str], lent: bool) -> None:
         """Runs a batch of sync tools and remembers, for each, how long the batch took (before
-        their results land: the run's next call may start at once, and asks `_quick`).
+        their results land: the run's next call may start at once, and asks `quick`).
         ``lent``: on the pool for the run's waiting thread (counted in ``run.lent``)."""
         started = time.perf_counter()
         timed = False

@@ -108,7 +108,8 @@ def traced(kind: str) -> Callable[[F], F]:
 
         @functools.wraps(method)
         def run_sync(host: Any, session: Any, *args: Any, **kwargs: Any) -> Any:
-            run = None if host.tracer is None else _start(host, name, session)
+            tracer = host.tracer
+            run = None if tracer is None or _no_op(tracer) else _start(host, name, session)
             if run is None:
                 return method(host, session, *args, **kwargs)
             with _trace.use_span(run.span, end_on_exit=True):
