@@ -389,9 +389,11 @@ class Supervisor:
         """The run of a leased step (a cell's first, `first_step`; a `wait`'s settle,
         `_resume_leased`) takes the lease over, and what the lease read is routed as its
         reader would have. A reply that ends the step (`_ends_step`) is routed as an advance's
-        (`ReportRouter`): no waiter is set up, the step is at hand. Else the run is as a
-        direct `start` or settle leaves one (resident on the lane, its frame in flight, its
-        caller the lane's reader), and its step is waited for as any run's."""
+        (`ReportRouter`): no waiter is set up, the step is at hand. A report whose calls the
+        caller may run itself is driven first (`_lease_calls`), until a reply is not one.
+        Else the run is as a direct `start` or settle leaves one (resident on the lane, its
+        frame in flight, its caller the lane's reader), and its step is waited for as any
+        run's."""
         fleet = self._fleet
         lane = lease.lane
         assert lane is not None
