@@ -323,7 +323,7 @@ class FrameQueue:
 
     def relet(self, lane: Lane, holder: Lease, run: Run, results: list[CallResult]) -> list[Any] | None:
         """Under the lock: the settle of ``results`` for the run of a lease whose holder let go
-        of its lane to run the run's calls (`LeaseCalls`), if the lane is idle again with the
+        of its lane to run the run's calls (`Supervisor._lease_calls`), if the lane is idle again with the
         run's runtime resident there and the run not past its time: the holder reads the lane
         again, its settle the frame in flight. None if not (the run then goes on as any other)."""
         now = time.monotonic()

@@ -164,7 +164,7 @@ class ToolStarter:
     def run_here(self, run: Run, calls: list[tuple[int, str, str]], tools: list[str]) -> None:
         """Starts the run's calls on this thread, each a sync tool (``tools``, as
         `Dispatcher.plain_sync_tools` found them) that was quick last time: they run here, at
-        once and timed, their results ready for the run (`LeaseCalls`)."""
+        once and timed, their results ready for the run (`Supervisor._lease_calls`)."""
         inline = run.dispatcher.submit(calls)
         if inline is not None:
             self._timed(run, inline, tools, False)
