@@ -81,13 +81,13 @@ class Dispatcher:
         #: What the planner, runner and gate are built from, on the run's first call (`_built`):
         #: most cells of a busy host make none, and building them cost each exec ~5 µs.
         self._setup = (loop, outputs, gate, read_only, namespace_calls, mcp_ops, apis)
-        self._parts: tuple[CallPlanner, CallRunner] | None = None
+        self._parts: tuple[CallPlanner, CallRunner, CallGate] | None = None
         #: Namespace calls arrive under a marker id; this maps their call ids to the real tool.
         self.resolved: dict[int, str] = {}
         #: Names called so far that reach a plain sync tool, with its id (`plain_sync_tools`).
         self._plain: dict[str, str] = {}
 
-    def _built(self) -> tuple[CallPlanner, CallRunner]:
+    def _built(self) -> tuple[CallPlanner, CallRunner, CallGate]:
         parts = self._parts
         if parts is None:
             loop, outputs, gate, read_only, namespace_calls, mcp_ops, apis = self._setup
@@ -113,7 +113,7 @@ class Dispatcher:
                 read_only=read_only,
                 apis=apis,
             )
-            parts = self._parts = (planner, runner)
+            parts = self._parts = (planner, runner, call_gate)
         return parts
 
     @property
@@ -190,8 +190,10 @@ class Dispatcher:
         return ids
 
     def _plain_tool(self, name: str) -> str | None:
-        _, _, gate, read_only, _, _, _ = self._setup
-        if read_only or (gate is not None and (gate.hook is not None or gate.approve is not None)):
+        """The id of the catalog tool ``name`` reaches (an exact name stands for its one id, as
+        `CallPlanner.plan` takes it), if it is a sync host tool the gate lets through untouched
+        (`CallGate.passes`) and the run is not restart-safe; else None."""
+        if self._setup[3]:  # (restart-safe: its calls' tools are checked read-only as planned)
             return None
         view = self.view
         tool = view.tools.get(name)
@@ -200,7 +202,7 @@ class Dispatcher:
             if named is None or len(named) != 1:
                 return None
             tool = view.tools[named[0]]
-        if tool.is_async or tool.source == "mcp" or view.needs_approval(tool):
+        if tool.is_async or tool.source == "mcp" or self._built()[2].passes(tool):
             return None
         return tool.id
 

@@ -314,18 +314,16 @@ class FrameQueue:
         run.next_frame, run.queued_at = "settle", time.monotonic()
         frames = self.frame_for(lane, run, out, results)
         assert frames is not None  # (a settle with results, for a run with no waiter)
-        inflight = lane.pipeline[-1]
         holder.lane, holder.engine_run = lane, run.engine_run
-        holder.sent, holder.kill_at, holder.deadline = inflight.sent, inflight.kill_at, run.step.deadline
-        self._served_now(run.scope[0])
-        lane.reader = holder
+        self._lend(lane, holder, run)
         return frames
 
     def relet(self, lane: Lane, holder: Lease, run: Run, results: list[CallResult]) -> list[Any] | None:
         """Under the lock: the settle of ``results`` for the run of a lease whose holder let go
-        of its lane to run the run's calls (`Supervisor._lease_calls`), if the lane is idle again with the
-        run's runtime resident there and the run not past its time: the holder reads the lane
-        again, its settle the frame in flight. None if not (the run then goes on as any other)."""
+        of its lane to run the run's calls (`Supervisor._lease_calls`), if the lane is idle
+        again with the run's runtime resident there and the run not past its time: the holder
+        reads the lane again, its settle the frame in flight. None if not (the run then goes on
+        as any other)."""
         now = time.monotonic()
         step = run.step
         if (
@@ -336,14 +334,19 @@ class FrameQueue:
             or now >= step.deadline + KILL_GRACE_S
         ):
             return None
-        results = self._journaled(run, results)
-        frame = _settle(run, results, now)
-        holder.sent, holder.deadline, holder.kill_at = now, step.deadline, step.deadline + KILL_GRACE_S
-        lane.pipeline.append(Inflight(run, "settle", now, holder.kill_at))
+        frame = _settle(run, self._journaled(run, results), now)
+        lane.pipeline.append(Inflight(run, "settle", now, step.deadline + KILL_GRACE_S))
         run.phase = Phase.RUNNING
+        self._lend(lane, holder, run)
+        return [frame]
+
+    def _lend(self, lane: Lane, holder: Lease, run: Run) -> None:
+        """Under the lock: ``holder`` reads the lane for the run's frame just put in flight
+        (its sent and kill times, and the step's deadline, are the lease's)."""
+        inflight = lane.pipeline[-1]
+        holder.sent, holder.kill_at, holder.deadline = inflight.sent, inflight.kill_at, run.step.deadline
         self._served_now(run.scope[0])
         lane.reader = holder
-        return [frame]
 
     def hand_over(self, lease: Lease, run: Run, waiter: Waiter | None) -> None:
         """Under the lock: the run of a leased step takes the lease over (`Supervisor.

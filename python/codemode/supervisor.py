@@ -54,7 +54,7 @@ from .fleet import KILL_GRACE_S, Fleet, Out, failed, run_all, send_drop
 from .frames import SETTLE_BUDGET_BYTES, Direct, FrameQueue
 from .loop_reading import LoopReading
 from .placement import LocalPlacement, Placement
-from .protocol import CallResult, Configure, Fault, Report
+from .protocol import CallResult, Configure, Fault, Report, WorkerFrame
 from .readers import Lease, LoopReader, Read, Readers, Waiter
 from .reports import ReportRouter, journal_calls
 from .runs import Failure, Journal, Phase, Run, Step
@@ -78,15 +78,22 @@ def _dropped() -> Failure:
     return failed("internal_error", "CancelledError", "code mode run was dropped")
 
 
+def _lone(read: Read) -> tuple[WorkerFrame, Any] | None:
+    """The one frame a lease read (with its guest JSON, decoded), if it read one and the
+    worker is not to be discarded; else None."""
+    got, error, _, _ = read
+    return got[0] if error is None and len(got) == 1 else None
+
+
 def _ends_step(read: Read) -> bool:
     """Whether a reply a lease read ends its run's step whoever routes it: one frame, a fault
     or a report that completed, failed, or parked on yields alone (they suspend the run). Not
     a report's tool calls, which a reply routed with no waiter (an advance's) would hold, nor
     a worker's death, after which a run with a waiter goes on elsewhere at once."""
-    got, error, _, _ = read
-    if error is not None or len(got) != 1:
+    lone = _lone(read)
+    if lone is None:
         return False
-    frame = got[0][0]
+    frame = lone[0]
     if not isinstance(frame, Report):
         return isinstance(frame, Fault)
     if frame.status != "pending":
@@ -346,10 +353,10 @@ class Supervisor:
                 return None
             frames = fleet.frames.lease(lane, lease, configure, journal, timeout_ms)
         self._write_and_look(lease, frames)
-        got, error, _, _ = lease.read
-        if error is not None or len(got) != 1:
+        lone = _lone(lease.read)
+        if lone is None:
             return lease
-        report, decoded = got[0]
+        report, decoded = lone
         if not (
             isinstance(report, Report)
             and report.run == lease.engine_run
@@ -440,10 +447,10 @@ class Supervisor:
         run itself (`_lease_calls`): each to a sync tool that was quick last time with nothing
         in between (`Dispatcher.plain_sync_tools`); with its outputs, and the catalog ids the
         calls reach."""
-        got, error, _, _ = lease.read
-        if error is not None or len(got) != 1 or run.stored_version:
+        lone = _lone(lease.read)
+        if lone is None or run.stored_version:
             return None
-        report, decoded = got[0]
+        report, decoded = lone
         if not (
             isinstance(report, Report)
             and report.status == "pending"
