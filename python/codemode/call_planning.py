@@ -276,15 +276,15 @@ class CallPlanner:
         """The catalog tool ``target`` reaches (an exact name stands for its one id), if this
         run may call it."""
         tool_id, resolved = target.tool_id, target.resolved
-        tool = self.view.tools.get(tool_id)
-        if tool is None and not target.via_mcp:
-            # `tools.callValue("get_weather")`: an exact tool name stands for its one id.
-            ids = self.view.by_name.get(tool_id, [])
-            if len(ids) > 1:
-                return answer(call_id, None, _ambiguous(tool_id, ids))
-            if ids:
-                tool_id = resolved = ids[0]
-                tool = self.view.tools[tool_id]
+        # (`MCP.<server>.<tool>()` names an MCP tool by its id; `tools.*` may name a tool.)
+        reached = self.view.tools.get(tool_id) if target.via_mcp else self.view.reached(tool_id)
+        if isinstance(reached, list):
+            if len(reached) > 1:
+                return answer(call_id, None, _ambiguous(tool_id, reached))
+            reached = None
+        elif reached is not None and reached.id != tool_id:
+            tool_id = resolved = reached.id  # an exact tool name stands for its one id
+        tool = reached
         if tool is None or (tool.source == "mcp") != target.via_mcp:
             # Hidden, denied and absent tools answer alike: a guessed id learns nothing.
             return answer(call_id, resolved, unknown_tool(self.view, tool_id))

@@ -190,19 +190,13 @@ class Dispatcher:
         return ids
 
     def _plain_tool(self, name: str) -> str | None:
-        """The id of the catalog tool ``name`` reaches (an exact name stands for its one id, as
-        `CallPlanner.plan` takes it), if it is a sync host tool the gate lets through untouched
+        """The id of the catalog tool ``name`` reaches (`CatalogView.reached`, as `CallPlanner`
+        takes it), if it is a sync host tool the gate lets through untouched
         (`CallGate.passes`) and the run is not restart-safe; else None."""
         if self._setup[3]:  # (restart-safe: its calls' tools are checked read-only as planned)
             return None
-        view = self.view
-        tool = view.tools.get(name)
-        if tool is None:
-            named = view.by_name.get(name)
-            if named is None or len(named) != 1:
-                return None
-            tool = view.tools[named[0]]
-        if tool.is_async or tool.source == "mcp" or self._built()[2].passes(tool):
+        tool = self.view.reached(name)
+        if isinstance(tool, list) or tool.is_async or tool.source == "mcp" or self._built()[2].passes(tool):
             return None
         return tool.id
 

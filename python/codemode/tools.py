@@ -282,6 +282,16 @@ class CatalogView(msgspec.Struct, frozen=True, dict=True):
                 out.setdefault(tool.name, []).append(tool.id)
         return out
 
+    def reached(self, name: str) -> Tool | list[str]:
+        """The tool a call naming ``name`` reaches: the one with that catalog id, or the one
+        tool with that exact name (``tools.callValue("get_weather")``, MCP tools aside); else
+        the ids the name has (none, or several: it is ambiguous)."""
+        tool = self.tools.get(name)
+        if tool is not None:
+            return tool
+        ids = self.by_name.get(name, [])
+        return self.tools[ids[0]] if len(ids) == 1 else ids
+
     @functools.cached_property
     def index(self) -> _engine.Catalog:
         """The search the guest runs (the same entries, MCP aside), for the names an unknown
