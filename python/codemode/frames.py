@@ -305,18 +305,17 @@ class FrameQueue:
         lane.reader = holder
         return frames
 
-    def settle_lease(self, lane: Lane, holder: Lease, run: Run, results: list[CallResult], out: Out) -> list[Any]:
+    def settle_lease(self, lane: Lane, holder: Lease, run: Run, results: list[CallResult]) -> list[Any]:
         """Under the lock, for an idle lane with no reader where ``run`` is parked with no
-        waiter: its settle of ``results`` (`frame_for`, as an advance's: due ``run.timeout_ms``
-        from now) goes out as `lease` sends a first step (`Supervisor.resume`), the run's own
-        frame in flight, read by ``holder`` (as its reader, until it lets go or the run's
-        waiter takes over). Returns the frames to write."""
-        run.next_frame, run.queued_at = "settle", time.monotonic()
-        frames = self.frame_for(lane, run, out, results)
-        assert frames is not None  # (a settle with results, for a run with no waiter)
+        waiter: its settle of ``results`` (its step due ``run.timeout_ms`` from now) goes out
+        as `lease` sends a first step (`Supervisor.resume`), the run's own frame in flight,
+        read by ``holder`` (as its reader, until it lets go or the run's waiter takes over).
+        Returns the frames to write."""
+        now = time.monotonic()
+        run.next_frame, run.queued_at = "settle", now
+        run.step.deadline = now + run.timeout_ms / 1000.0
         holder.lane, holder.engine_run = lane, run.engine_run
-        self._lend(lane, holder, run)
-        return frames
+        return self._lent_settle(lane, holder, run, results, now)
 
     def relet(self, lane: Lane, holder: Lease, run: Run, results: list[CallResult]) -> list[Any] | None:
         """Under the lock: the settle of ``results`` for the run of a lease whose holder let go
@@ -325,28 +324,29 @@ class FrameQueue:
         reads the lane again, its settle the frame in flight. None if not (the run then goes on
         as any other)."""
         now = time.monotonic()
-        step = run.step
         if (
             run.lane is not lane
             or run.aborted
             or lane.reader is not None
             or not self.idle(lane)
-            or now >= step.deadline + KILL_GRACE_S
+            or now >= run.step.deadline + KILL_GRACE_S
         ):
             return None
-        frame = _settle(run, self._journaled(run, results), now)
-        lane.pipeline.append(Inflight(run, "settle", now, step.deadline + KILL_GRACE_S))
-        run.phase = Phase.RUNNING
-        self._lend(lane, holder, run)
-        return [frame]
+        return self._lent_settle(lane, holder, run, results, now)
 
-    def _lend(self, lane: Lane, holder: Lease, run: Run) -> None:
-        """Under the lock: ``holder`` reads the lane for the run's frame just put in flight
-        (its sent and kill times, and the step's deadline, are the lease's)."""
-        inflight = lane.pipeline[-1]
-        holder.sent, holder.kill_at, holder.deadline = inflight.sent, inflight.kill_at, run.step.deadline
+    def _lent_settle(self, lane: Lane, holder: Lease, run: Run, results: list[CallResult], now: float) -> list[Any]:
+        """Under the lock: the run's settle of ``results`` (journaled, `_settle`), put in
+        flight on the idle lane for ``holder`` to write and read (its sent and kill times, and
+        the step's deadline, are the lease's)."""
+        frame = _settle(run, self._journaled(run, results), now)
+        step = run.step
+        inflight = Inflight(run, "settle", now, step.deadline + KILL_GRACE_S)
+        lane.pipeline.append(inflight)
+        run.phase = Phase.RUNNING
+        holder.sent, holder.kill_at, holder.deadline = now, inflight.kill_at, step.deadline
         self._served_now(run.scope[0])
         lane.reader = holder
+        return [frame]
 
     def hand_over(self, lease: Lease, run: Run, waiter: Waiter | None) -> None:
         """Under the lock: the run of a leased step takes the lease over (`Supervisor.

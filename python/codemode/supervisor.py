@@ -298,7 +298,6 @@ class Supervisor:
         it cannot go so: the general way (`_begin_resume`) then."""
         fleet = self._fleet
         lease = Lease()
-        out: Out = []
         with fleet.lock:
             lane = run.lane
             if (
@@ -319,8 +318,7 @@ class Supervisor:
             run.step.extended = False
             answers = [CallResult(call_id, True, answer) for call_id in run.yields]
             run.yields.clear()
-            frames = fleet.frames.settle_lease(lane, lease, run, answers, out)
-        run_all(out)
+            frames = fleet.frames.settle_lease(lane, lease, run, answers)
         self._write_and_look(lease, frames)
         return self.take_over(lease, run, configure, timeout_ms)
 
