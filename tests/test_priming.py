@@ -34,15 +34,18 @@ def sent(monkeypatch):
 
 def _settle(cm: CodeMode, timeout: float = 10.0) -> None:
     """Waits until every worker is idle (or still starting, with nothing but its configuration
-    sent) and configured with the current catalog (the first look-up of a searched catalog
-    loads the search model: that takes a while)."""
+    sent) and configured with the current catalog, that configuration written (a prime marks
+    the lane configured under the lock, then writes outside it; the first look-up of a
+    searched catalog loads the search model: that takes a while)."""
     fleet = cm._supervisor._fleet
     current = cm.runner._factory.configuration()[0].fingerprint
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with fleet.lock:
             if fleet.lanes and all(
-                fleet.frames.primable(lane) and getattr(lane.configured, "fingerprint", None) == current
+                fleet.frames.primable(lane)
+                and not (lane.outbox or lane.writing)
+                and getattr(lane.configured, "fingerprint", None) == current
                 for lane in fleet.lanes
             ):
                 return
