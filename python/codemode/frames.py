@@ -18,6 +18,8 @@ import logging
 import time
 from typing import Any
 
+import msgspec
+
 from . import protocol
 from .fleet import KILL_GRACE_S, RUNS_PER_WORKER, Fleet, Out, failed, send_drop, timed_out
 from .protocol import CallResult, Replay, Settle, utf8_len
@@ -219,7 +221,7 @@ class FrameQueue:
             waited = time.monotonic() - head.sent
             if head.run is not None and head.run.waiter is not None:
                 head.run.step.deadline += waited
-            lane.pipeline[0] = head._replace(sent=head.sent + waited, kill_at=head.kill_at + waited)
+            lane.pipeline[0] = msgspec.structs.replace(head, sent=head.sent + waited, kill_at=head.kill_at + waited)
 
     def may_write(self, lane: Lane, run: Run) -> bool:
         """The run's frame may be written now: the worker is free, or the frame is a settle

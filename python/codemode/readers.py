@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from . import protocol
 from .errors import ProtocolError
 from .fleet import KILL_GRACE_S, READ_TICK_S, Fleet, Out, run_all
@@ -109,25 +111,26 @@ class Waiter:
 Read = tuple[list[tuple[protocol.WorkerFrame, Any]], Exception | None, bool, bool]
 
 
-class Lease:
+#: What a lease has read before it reads (never changed: a look makes a new `Read`).
+_NOT_READ: Read = ([], None, False, False)
+
+
+class Lease(msgspec.Struct, eq=False):
     """A lane's reader while a cell's first step runs there, before the cell is a run
     (`FrameQueue.lease`, `Supervisor.first_step`): its engine run, when it was sent and must
     have answered, and what the worker answered (`read`; the report and its value once the
-    lease is let go of, the cell over)."""
+    lease is let go of, the cell over). (A struct: built in C, for every leased step.)"""
 
-    __slots__ = ("deadline", "engine_run", "kill_at", "lane", "read", "report", "sent", "value")
-
-    def __init__(self) -> None:
-        self.lane: Lane | None = None
-        self.engine_run = 0
-        self.sent = 0.0
-        #: The step's deadline (its run's, once it takes the lease over), and the kill time of
-        #: the frame in flight.
-        self.deadline = 0.0
-        self.kill_at = 0.0
-        self.read: Read = ([], None, False, False)
-        self.report: Report | None = None
-        self.value: Any = None
+    lane: Lane | None = None
+    engine_run: int = 0
+    sent: float = 0.0
+    #: The step's deadline (its run's, once it takes the lease over), and the kill time of
+    #: the frame in flight.
+    deadline: float = 0.0
+    kill_at: float = 0.0
+    read: Read = _NOT_READ
+    report: Report | None = None
+    value: Any = None
 
 
 class LoopReader:
