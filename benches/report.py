@@ -30,6 +30,9 @@ ROWS = [
         "test_thin_host_trivial_idle",
         "",
     ),
+    ("warm `exec` of `return 1+1` after a 30 ms pause, caches cold (median)", "test_exec_trivial_after_30ms", ""),
+    ("the same through a thin host, after a 30 ms pause (median)", "test_thin_host_trivial_after_30ms", ""),
+    ("pydantic-monty: warm `1 + 1` after a 30 ms pause (median)", "test_monty_trivial_after_30ms", ""),
     ("cell with 10 sequential awaited tool calls (median)", "test_exec_ten_sequential_tool_calls_idle", ""),
     (
         "the same 10 calls as their recorded frames, to a bare worker: no host code (median, idle)",
@@ -107,11 +110,24 @@ def table(data: dict) -> str:
     for label, name, budget in ROWS:
         if name in median:
             lines.append(f"| {label} | {fmt(median[name])} | {budget} |")
-    derived = [*_latency_ratios(median), *_recorded_figures(by_name, median)]
+    derived = [*_latency_ratios(median), *_after_pause_ratios(median), *_recorded_figures(by_name, median)]
     machine = data.get("machine_info", {})
     cpu = machine.get("cpu", {}).get("brand_raw", platform.processor() or "?")
     head = f"`make bench`, {data.get('datetime', '')[:10]}, {cpu}, Python {machine.get('python_version', '?')}:"
     return "\n".join([head, "", *lines, "", "; ".join(derived) + "."])
+
+
+def _after_pause_ratios(median: dict[str, float]) -> list[str]:
+    """The exec after a 30 ms pause (caches cold) against monty's, and the run bookkeeping's
+    part of it (against the thin host's)."""
+    cold = median.get("test_exec_trivial_after_30ms")
+    derived = []
+    if cold and "test_monty_trivial_after_30ms" in median:
+        derived.append(f"after a 30 ms pause, exec / monty: **{cold / median['test_monty_trivial_after_30ms']:.2f}x**")
+    if cold and "test_thin_host_trivial_after_30ms" in median:
+        bookkeeping = fmt(cold - median["test_thin_host_trivial_after_30ms"])
+        derived.append(f"of which the run bookkeeping's (exec - thin host): **{bookkeeping}**")
+    return derived
 
 
 def _latency_ratios(median: dict[str, float]) -> list[str]:

@@ -167,3 +167,11 @@ def test_monty_trivial_idle(benchmark, monty_session):
     import time
 
     assert benchmark.pedantic(monty_session.feed_run, args=("1 + 1",), setup=lambda: time.sleep(0.002), rounds=300) == 2
+
+
+@pytest.mark.benchmark(group="trivial-after-30ms")
+def test_monty_trivial_after_30ms(benchmark, monty_session):
+    """`1 + 1` after a 30 ms pause, measured the way codemode's exec after 30 ms is."""
+    import time
+
+    assert benchmark.pedantic(monty_session.feed_run, args=("1 + 1",), setup=lambda: time.sleep(0.03), rounds=100) == 2

@@ -195,6 +195,35 @@ def test_thin_host_trivial_idle(benchmark, bare):
     assert result["value"] == 2
 
 
+#: A longer pause: the host's and the worker's caches are cold again (on this kind of VM other
+#: guests run on the halted CPUs meanwhile), as after a model's turn.
+LONG_GAP_S = 0.03
+
+
+def _long_pause() -> None:
+    time.sleep(LONG_GAP_S)
+
+
+@pytest.mark.benchmark(group="trivial-after-30ms")
+def test_exec_trivial_after_30ms(benchmark, session):
+    """The idle exec after a 30 ms pause: every step's code and data cold (see `LONG_GAP_S`)."""
+    result = benchmark.pedantic(
+        session.exec, args=({"code": "return 1 + 1"},), setup=_long_pause, rounds=100, warmup_rounds=5
+    )
+    assert result["value"] == 2
+
+
+@pytest.mark.benchmark(group="trivial-after-30ms")
+def test_thin_host_trivial_after_30ms(benchmark, bare):
+    """`ThinHost`'s exec after the same 30 ms pause: what of the cold exec is not the
+    supervisor's."""
+    thin = ThinHost(bare[0])
+    result = benchmark.pedantic(
+        thin.exec, args=({"code": "return 1 + 1"},), setup=_long_pause, rounds=100, warmup_rounds=5
+    )
+    assert result["value"] == 2
+
+
 @pytest.mark.benchmark(group="toolcalls")
 def test_worker_alone_ten_tool_calls_idle(benchmark, bare):
     """The ten-call cell with no host in between: each call answered with the frame the host
