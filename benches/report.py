@@ -181,6 +181,14 @@ def _recorded_figures(by_name: dict, median: dict[str, float]) -> list[str]:
     """The derived figures of what benchmarks recorded besides their times (paired overheads,
     payload sizes, memory), and of the worker-count scaling."""
     derived = []
+    ratios = by_name.get("test_exec_paired_with_a_pipe_round_trip", {}).get("extra_info", {})
+    if "paired_exec_over_pipe" in ratios:
+        exec_ratio, call_ratio = ratios["paired_exec_over_pipe"], ratios["paired_call_over_pipe"]
+        derived.append(
+            "paired rounds (a pipe round trip, a trivial exec and the ten-call cell, each after the same "
+            f"pause, medians of each round's ratios): warm exec / pipe round trip **{exec_ratio:.1f}x** "
+            f"(budget <= 3x), per sequential tool call / pipe round trip **{call_ratio:.1f}x** (budget <= 2x)"
+        )
     paired = by_name.get("test_mcp_ten_calls_through_a_cell", {}).get("extra_info", {})
     if "paired_overhead_per_call_s" in paired:
         derived.append(

@@ -74,6 +74,46 @@ def test_exec_ten_sequential_tool_calls_idle(benchmark, session):
     assert result["value"] == 90
 
 
+@pytest.mark.benchmark(group="toolcalls")
+def test_exec_paired_with_a_pipe_round_trip(benchmark, session, echo_child):
+    """The budgets' ratios from paired rounds: this VM's phase moves between the minutes two
+    benchmarks run in, by more than the ratios' margins. Each round, after the same pause
+    before each: a bare pipe round trip, a trivial exec, then the ten-call cell (timed); the
+    ratios are the medians of each round's (an exec against its round's round trip; a tool
+    call, the ten-call cell less the trivial exec over ten, against the same)."""
+    import msgspec
+
+    frame = msgspec.msgpack.encode({"kind": "ping", "n": 1})
+    paired: list[tuple[float, float]] = []
+    cells: list[float] = []
+
+    def before() -> tuple[tuple[object, ...], dict[str, object]]:
+        _pause()
+        started = time.perf_counter()
+        echo_child.roundtrip(frame)
+        pipe = time.perf_counter() - started
+        _pause()
+        started = time.perf_counter()
+        session.exec({"code": "return 1 + 1"})
+        paired.append((pipe, time.perf_counter() - started))
+        _pause()
+        return ({"code": TEN_CALLS},), {}
+
+    def cell(args: dict[str, str]) -> dict[str, object]:
+        started = time.perf_counter()
+        result = session.exec(args)
+        cells.append(time.perf_counter() - started)
+        return result
+
+    warmup = 10
+    assert benchmark.pedantic(cell, setup=before, rounds=300, warmup_rounds=warmup)["value"] == 90
+    rounds = list(zip(paired, cells, strict=True))[warmup:]  # (the warm-up rounds aside)
+    execs = sorted(e / p for (p, e), _ in rounds)
+    calls = sorted((c - e) / 10 / p for (p, e), c in rounds)
+    benchmark.extra_info["paired_exec_over_pipe"] = execs[len(execs) // 2]
+    benchmark.extra_info["paired_call_over_pipe"] = calls[len(calls) // 2]
+
+
 class BareWorker:
     """A worker process driven with the fewest host steps there are: each frame recorded from
     a real exec is written as it was, and each reply read the way the host reads one (a short
