@@ -157,7 +157,7 @@ def _latency_ratios(median: dict[str, float]) -> list[str]:
     ten = median.get("test_exec_ten_sequential_tool_calls_idle")
     if ten and exec_idle:
         per_call = (ten - exec_idle) / 10
-        derived.append(f"per sequential tool call: **{fmt(per_call)}** (budget <= 20 µs)")
+        derived.append(f"per sequential tool call: **{fmt(per_call)}** (budget: within 2x the pipe round trip)")
         ten_alone = median.get("test_worker_alone_ten_tool_calls_idle")
         if alone and ten_alone:
             derived.append(f"of which the host's: **{fmt((ten - ten_alone - (exec_idle - alone)) / 10)}**")
