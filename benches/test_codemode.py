@@ -16,6 +16,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,39 @@ TEN_CALLS = "let t = 0; for (let i = 0; i < 10; i++) t += await tools.double({x:
 
 def _pause() -> None:
     time.sleep(GAP_S)
+
+
+def _paired_rounds(
+    benchmark: Any, session: Any, reference: Callable[[], object], code: str, rounds: int, warmup: int = 0
+) -> tuple[Any, list[tuple[float, float, float]]]:
+    """Times ``code``'s cell as the benchmark's figure and, before each of its rounds, after the
+    same pause before each, ``reference()`` and a trivial exec: this machine drifts by more
+    than what such a triple compares between the minutes two benchmarks run in. Returns the
+    cell's result and each timed round's ``(reference, trivial exec, cell)`` seconds."""
+    before_cell: list[tuple[float, float]] = []
+    cells: list[float] = []
+
+    def before() -> tuple[tuple[object, ...], dict[str, object]]:
+        _pause()
+        started = time.perf_counter()
+        reference()
+        took = time.perf_counter() - started
+        _pause()
+        started = time.perf_counter()
+        session.exec({"code": "return 1 + 1"})
+        before_cell.append((took, time.perf_counter() - started))
+        _pause()
+        return ({"code": code},), {}
+
+    def cell(args: dict[str, str]) -> dict[str, object]:
+        started = time.perf_counter()
+        result = session.exec(args)
+        cells.append(time.perf_counter() - started)
+        return result
+
+    result = benchmark.pedantic(cell, setup=before, rounds=rounds, warmup_rounds=warmup)
+    timed = [(r, e, c) for (r, e), c in zip(before_cell, cells, strict=True)][warmup:]  # (warm-up rounds aside)
+    return result, timed
 
 
 @pytest.fixture(scope="module")
@@ -84,32 +118,12 @@ def test_exec_paired_with_a_pipe_round_trip(benchmark, session, echo_child):
     import msgspec
 
     frame = msgspec.msgpack.encode({"kind": "ping", "n": 1})
-    paired: list[tuple[float, float]] = []
-    cells: list[float] = []
-
-    def before() -> tuple[tuple[object, ...], dict[str, object]]:
-        _pause()
-        started = time.perf_counter()
-        echo_child.roundtrip(frame)
-        pipe = time.perf_counter() - started
-        _pause()
-        started = time.perf_counter()
-        session.exec({"code": "return 1 + 1"})
-        paired.append((pipe, time.perf_counter() - started))
-        _pause()
-        return ({"code": TEN_CALLS},), {}
-
-    def cell(args: dict[str, str]) -> dict[str, object]:
-        started = time.perf_counter()
-        result = session.exec(args)
-        cells.append(time.perf_counter() - started)
-        return result
-
-    warmup = 10
-    assert benchmark.pedantic(cell, setup=before, rounds=300, warmup_rounds=warmup)["value"] == 90
-    rounds = list(zip(paired, cells, strict=True))[warmup:]  # (the warm-up rounds aside)
-    execs = sorted(e / p for (p, e), _ in rounds)
-    calls = sorted((c - e) / 10 / p for (p, e), c in rounds)
+    result, rounds = _paired_rounds(
+        benchmark, session, lambda: echo_child.roundtrip(frame), TEN_CALLS, rounds=300, warmup=10
+    )
+    assert result["value"] == 90
+    execs = sorted(e / p for p, e, _ in rounds)
+    calls = sorted((c - e) / 10 / p for p, e, c in rounds)
     benchmark.extra_info["paired_exec_over_pipe"] = execs[len(execs) // 2]
     benchmark.extra_info["paired_call_over_pipe"] = calls[len(calls) // 2]
 
@@ -460,29 +474,9 @@ def test_mcp_ten_calls_through_a_cell(benchmark, mcp_session):
     trivial exec just before it: this machine drifts by more than the overhead between the
     minutes two separate benchmarks run in, so the overhead is the median of paired rounds."""
     cm, s = mcp_session
-    rounds: list[tuple[float, float]] = []
-    cells: list[float] = []
-
-    def before() -> tuple[tuple[object, ...], dict[str, object]]:
-        _pause()
-        started = time.perf_counter()
-        _ten_direct(cm)
-        direct = time.perf_counter() - started
-        _pause()
-        started = time.perf_counter()
-        s.exec({"code": "return 1 + 1"})
-        rounds.append((direct, time.perf_counter() - started))
-        _pause()
-        return ({"code": TEN_MCP},), {}
-
-    def cell(args: dict[str, str]) -> dict[str, object]:
-        started = time.perf_counter()
-        result = s.exec(args)
-        cells.append(time.perf_counter() - started)
-        return result
-
-    assert benchmark.pedantic(cell, setup=before, rounds=100)["value"] == 1
-    overheads = sorted((c - d - t) / 10 for c, (d, t) in zip(cells, rounds, strict=True))
+    result, rounds = _paired_rounds(benchmark, s, lambda: _ten_direct(cm), TEN_MCP, rounds=100)
+    assert result["value"] == 1
+    overheads = sorted((c - d - t) / 10 for d, t, c in rounds)
     benchmark.extra_info["paired_overhead_per_call_s"] = overheads[len(overheads) // 2]
 
 
