@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from codemode import CodeMode, Session
+from codemode import CodeMode, Session, supervisor, tool_starts
 from codemode.namespaces import NamespaceRegistration, namespace_tool
 from postgres import database_target, postgres_server
 
@@ -35,6 +35,16 @@ def make_codemode() -> Iterator[Callable[..., CodeMode]]:
     yield make
     for cm in made:
         cm.close()
+
+
+@pytest.fixture
+def unhurried_leases(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leaseholder reads its worker's reply however long it takes (`Supervisor._write_and_look`
+    bounds the read at ``SPIN_S``, 200 µs, then the step goes the general way), and a sync tool
+    counts as quick up to a second (`ToolStarter.quick`): for tests that pin which way a step
+    went, which a loaded machine (a worker slower than 200 µs, CI once) must not change."""
+    monkeypatch.setattr(supervisor, "SPIN_S", 30.0)
+    monkeypatch.setattr(tool_starts, "QUICK_TOOL_S", 1.0)
 
 
 @pytest.fixture(scope="module")

@@ -77,6 +77,7 @@ def _shown(result: dict[str, Any]) -> str:
     return re.sub(r"out_[\w-]+", "out_", json.dumps(shown, sort_keys=True))
 
 
+@pytest.mark.usefixtures("unhurried_leases")
 def test_a_cell_that_completes_plainly_makes_no_run(cm, monkeypatch):
     made = _runs_made(cm, monkeypatch)
     session = cm.session("plain")

@@ -52,6 +52,7 @@ def _routed(cm: CodeMode, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
+@pytest.mark.usefixtures("unhurried_leases")
 def test_quick_sync_calls_run_on_the_callers_thread_and_only_the_last_report_is_routed(cm, monkeypatch):
     routed = _routed(cm, monkeypatch)
     cm.called.clear()
@@ -62,6 +63,7 @@ def test_quick_sync_calls_run_on_the_callers_thread_and_only_the_last_report_is_
     assert routed == ["completed"]
 
 
+@pytest.mark.usefixtures("unhurried_leases")
 def test_a_wait_that_answers_a_yield_drives_the_quick_calls_after_it(cm, monkeypatch):
     s = cm.session()
     first = s.exec({"code": f"const a = await yield_control('go?'); {TEN_CALLS.replace('return t', 'return [a, t]')}"})
