@@ -27,6 +27,35 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
+def _idle_cpus(seconds: float = 0.1) -> float:
+    """How many CPUs this machine left idle over ``seconds`` (from /proc/stat), this process
+    asleep meanwhile."""
+
+    def idle_and_total() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            ticks = [int(n) for n in f.readline().split()[1:]]
+        return ticks[3] + ticks[4], sum(ticks[:8])  # (idle + iowait; user .. steal)
+
+    idle, total = idle_and_total()
+    time.sleep(seconds)
+    idle_after, total_after = idle_and_total()
+    return os.cpu_count() * (idle_after - idle) / max(1, total_after - total)
+
+
+@pytest.fixture
+def spare_cpu() -> None:
+    """Where a worker polls and on which CPU is what these tests pin: with no CPU idle (other
+    tasks busy on every one, just before the test), a yielding poll gives its CPU up and a
+    worker has nowhere to move to, as designed, and there is nothing for them to see."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("polling needs a second CPU")
+    if _idle_cpus() < 0.7:
+        pytest.skip("polling needs an idle CPU: this machine is busy")
+
+
+SPARE_CPU = pytest.mark.usefixtures("spare_cpu")
+
+
 def _voluntary_switches(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches"))
@@ -115,7 +144,7 @@ def test_the_window_is_short():
     assert 0 < SPIN_S <= 200e-6
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="polling needs a second CPU")
+@SPARE_CPU
 def test_a_worker_started_off_the_hosts_cpu_gets_every_cpu_back_and_polls(cm):
     # A new worker starts off its spawner's CPU (`workers._start_elsewhere`), on one, and gets
     # the host's CPUs back once it is up; it must then poll between cells as one started
@@ -138,7 +167,7 @@ def test_a_worker_started_off_the_hosts_cpu_gets_every_cpu_back_and_polls(cm):
     assert _voluntary_switches(pid) - before < 200
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="polling needs a second CPU")
+@SPARE_CPU
 def test_after_a_pause_back_to_back_cells_find_the_worker_polling_on_another_cpu(cm):
     # A worker that slept is woken on its host's CPU; the two then took turns there, the worker
     # giving up its poll at once (its yields let the host run) and sleeping after every cell
@@ -175,7 +204,7 @@ def _keep_off_the_hosts_cpu(session: Any, pid: int) -> None:
     assert len(host - os.sched_getaffinity(pid)) == 1, "back to back, the worker never moved off the host's CPU"
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="polling needs a second CPU")
+@SPARE_CPU
 def test_a_worker_kept_off_the_hosts_cpu_comes_back_when_the_traffic_pauses(cm):
     # Back to back the worker keeps off the CPU it found shared with the host; sleeping there
     # through a pause of some ms, it would be woken on a CPU halted deep (a trivial cell after 10
@@ -190,7 +219,7 @@ def test_a_worker_kept_off_the_hosts_cpu_comes_back_when_the_traffic_pauses(cm):
     assert s.exec({"code": "return 2"})["value"] == 2
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="polling needs a second CPU")
+@SPARE_CPU
 def test_a_worker_kept_off_the_hosts_cpu_comes_back_at_once_when_its_run_yields(cm):
     # A run parked on `yield_control` alone is resumed by a `wait`, a model's turn later: kept
     # off, its worker would sleep on a CPU of its own, halted by then, and that `wait` pay the
@@ -209,7 +238,7 @@ def test_a_worker_kept_off_the_hosts_cpu_comes_back_at_once_when_its_run_yields(
     assert s.wait({"runId": waiting["runId"]})["value"] == 3
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="polling needs a second CPU")
+@SPARE_CPU
 def test_a_worker_kept_off_the_hosts_cpu_comes_back_at_once_when_a_cell_after_a_pause_ends(cm):
     # Cells 2 ms apart after a burst: the traffic never pauses STAY_AWAY (5 ms), and a worker
     # that waited for that kept off for good, each cell's frame waking it on a CPU of its own,
@@ -231,7 +260,7 @@ def test_a_worker_kept_off_the_hosts_cpu_comes_back_at_once_when_a_cell_after_a_
     assert back >= 3, f"came back at once after {back} of 5 cells"
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="polling needs a second CPU")
+@SPARE_CPU
 def test_a_cell_after_a_pause_moves_off_the_hosts_cpu_for_its_quick_tool_calls(cm):
     # Woken on the host's CPU by a cell's start after a pause, a worker whose tools answered
     # quickly before moves off that CPU when it polls for their answers (the host runs the tools
@@ -252,7 +281,7 @@ def test_a_cell_after_a_pause_moves_off_the_hosts_cpu_for_its_quick_tool_calls(c
     assert moved >= 4, f"moved off the host's CPU in {moved} of 10 cells"
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="polling needs a second CPU")
+@SPARE_CPU
 def test_a_worker_polls_for_quick_tool_answers_on_a_cpu_of_its_own(cm):
     # Back to back, the worker polls on the CPU the host does not use; parked on a tool that
     # answers within microseconds it polls for the answer there too, instead of sleeping and
