@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 from codemode import CodeMode, protocol, workers
-from codemode._engine import spin_readable
 from codemode.cells import CellArgs, check_cell
 from codemode.workers import WORKER_BINARY, popen_worker
 
@@ -143,9 +142,8 @@ class BareWorker:
 
     def reply(self) -> protocol.WorkerFrame:
         while True:
-            spin_readable(self.rfd, workers.SPIN_S, True)
-            bodies = self.reader.read()
-            assert bodies is not None, "the worker exited"
+            spoke, bodies = self.reader.read_within(60.0, workers.SPIN_S)
+            assert spoke and bodies is not None, "the worker exited or hung"
             if bodies:
                 return protocol.worker_decoder.decode(bodies[-1])
 

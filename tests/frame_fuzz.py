@@ -1,6 +1,6 @@
 """Fuzz harness for the host's reading of worker frames (worker output is hostile).
 
-The supervisor reads a worker with ``WorkerProcess.receive``: ``FrameReader`` (4-byte length
+The supervisor reads a worker with ``WorkerProcess.take``: ``FrameReader`` (4-byte length
 prefix, capped) over the worker's stdout pipe, then ``protocol.worker_decoder``; a
 ``msgspec.DecodeError`` becomes ``ProtocolError`` and end of file (None) becomes ``WorkerCrashed``,
 and either one makes the supervisor replace the worker. ``read_stream`` drives that very method over a pipe fed with
@@ -19,7 +19,6 @@ long run that saves any failing input there).
 from __future__ import annotations
 
 import os
-import select
 import signal
 import threading
 import time
@@ -56,19 +55,17 @@ class _Exited:
 
 
 def _pipe_worker(rfd: int) -> WorkerProcess:
-    """A ``WorkerProcess`` whose stdout is ``rfd``: the real ``receive``, without a subprocess."""
+    """A ``WorkerProcess`` whose stdout is ``rfd``: the real ``take``, without a subprocess."""
     worker = WorkerProcess.__new__(WorkerProcess)
     worker.proc = _Exited()  # type: ignore[assignment]
     worker.rfd = rfd
     worker.reader = protocol.frame_reader(rfd)
     worker._bad = None
-    worker._poller = select.poll()
-    worker._poller.register(rfd, select.POLLIN)
     return worker
 
 
 def read_stream(data: bytes, chunks: list[int]) -> tuple[list[Any], BaseException]:
-    """Everything ``WorkerProcess.receive`` reads from a worker that writes ``data`` (in writes of
+    """Everything ``WorkerProcess.take`` reads from a worker that writes ``data`` (in writes of
     ``chunks`` bytes, cycled) and exits: the frames, and the exception that ended reading."""
     rfd, wfd = os.pipe()
 
@@ -94,10 +91,10 @@ def read_stream(data: bytes, chunks: list[int]) -> tuple[list[Any], BaseExceptio
         worker = _pipe_worker(rfd)
         deadline = time.monotonic() + READ_TIMEOUT_S
         while True:
-            if not worker.readable(deadline - time.monotonic()):
-                raise TimeoutError("reading a worker's output hung")
             try:
-                got = worker.receive()
+                spoke, got = worker.take(deadline - time.monotonic())
+                if not spoke:
+                    raise TimeoutError("reading a worker's output hung")
                 if got is None:
                     raise worker.crashed("worker exited")
             except (ProtocolError, WorkerCrashed) as e:
@@ -430,10 +427,10 @@ def run_worker(data: bytes, chunks: list[int]) -> tuple[list[Any], BaseException
     try:
         deadline = time.monotonic() + WORKER_TIMEOUT_S
         while True:
-            if not worker.readable(deadline - time.monotonic()):
-                raise TimeoutError("the worker hung")
             try:
-                got = worker.receive()
+                spoke, got = worker.take(deadline - time.monotonic())
+                if not spoke:
+                    raise TimeoutError("the worker hung")
                 if got is None:
                     end = WorkerCrashed("worker exited", exit_code=None, signal=None, timed_out=False)
                     break

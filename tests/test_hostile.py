@@ -351,13 +351,13 @@ def _tamper_frames(monkeypatch, change) -> None:
     """Every frame a worker sends passes through ``change`` on its way to the supervisor."""
     from codemode import workers
 
-    real_receive = workers.WorkerProcess.receive
+    real_take = workers.WorkerProcess.take
 
-    def receive(self):
-        frames = real_receive(self)
-        return None if frames is None else [change(frame) for frame in frames]
+    def take(self, timeout_s, spin=False):
+        spoke, frames = real_take(self, timeout_s, spin)
+        return spoke, None if frames is None else [change(frame) for frame in frames]
 
-    monkeypatch.setattr(workers.WorkerProcess, "receive", receive)
+    monkeypatch.setattr(workers.WorkerProcess, "take", take)
 
 
 HOSTILE_REPORT_FIELDS = {

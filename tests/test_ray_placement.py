@@ -163,9 +163,8 @@ def test_only_the_actor_with_the_token_gets_the_worker_stream(cluster: None) -> 
         with socket.create_connection(worker._listener.getsockname(), timeout=10.0) as intruder:
             intruder.sendall(b"x" * 32)
             assert intruder.recv(1024) == b""  # dropped, having been sent nothing
-        assert worker.readable(30.0)
-        frames = worker.receive()
-        assert frames is not None and [type(f) for f in frames] == [protocol.Ready]
+        spoke, frames = worker.take(30.0)
+        assert spoke and frames is not None and [type(f) for f in frames] == [protocol.Ready]
     finally:
         worker.kill()
 

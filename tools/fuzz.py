@@ -12,7 +12,7 @@ hypothesis, each for ``FUZZ_SECONDS`` (default 60); prints executions, seconds a
   nested, up to 4 MiB) and values nested up to 65,535 deep sent out every way (return, json,
   tool input, store, console, yield), through the front end and the engine; seeds are its
   regression inputs (``rust/engine/fuzz/regressions-deep/``) and one input per construct.
-* ``frames``: ``tests/frame_fuzz.py``'s property over the host's ``WorkerProcess.recv``.
+* ``frames``: ``tests/frame_fuzz.py``'s property over the host's ``WorkerProcess.take``.
 * ``worker``: the same module's property over the worker binary (rust/worker) fed any stream a
   host could write: frames back or an exit (0 or 1), never a panic, a signal or a hang.
 
@@ -250,7 +250,7 @@ def fuzz_frames(seconds: float) -> Figures:
     import frame_fuzz
     from hypothesis import HealthCheck, given, settings
 
-    figures = Figures("frames", note="hypothesis over WorkerProcess.recv")
+    figures = Figures("frames", note="hypothesis over WorkerProcess.take")
     failing: list[bytes] = []
 
     def checked(data: bytes, chunks: list[int], expected: list[Any] | None = None) -> None:

@@ -137,10 +137,12 @@ class FrameReader:
     one buffer kept for the pipe's life (``protocol.frame_reader``)."""
 
     def __new__(cls, fd: int, max_bytes: int) -> FrameReader: ...
-    def read(self) -> list[bytes] | None:
-        """One ``read`` (the GIL released), then the body of every whole frame buffered; None at
-        end of file. ``ProtocolError`` for a frame over ``max_bytes``; ``OSError`` if the read
-        fails."""
+    def read_within(self, timeout: float, spin: float) -> tuple[bool, list[bytes] | None]:
+        """Waits up to ``timeout`` seconds for the pipe (polling it first for up to ``spin``,
+        yielding), then does one ``read``, the GIL released once for all of it: ``(False,
+        None)`` if nothing came; else ``True`` and the body of every whole frame buffered, None
+        at end of file. A signal's Python handler runs (and may raise) before it waits again.
+        ``ProtocolError`` for a frame over ``max_bytes``; ``OSError`` if the read fails."""
     def read_blocking(self) -> bytes | None:
         """The next frame's body, blocking; None at end of file."""
 

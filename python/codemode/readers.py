@@ -309,19 +309,18 @@ class Readers:
         error: Exception | None = None
         timed_out = False
         frames: list[tuple[protocol.WorkerFrame, Any]] = []
-        spoke = worker.readable(timeout, bool(lane.pipeline))
-        if spoke:
-            try:
-                got = worker.receive()
-                if got is None:
-                    timed_out = worker.overdue
-                    error = worker.crashed(f"worker {worker.pid} exited", timed_out=timed_out)
-                else:
-                    frames = [(f, _decoded(f) if isinstance(f, Report) else None) for f in got]
-            except ProtocolError as e:
-                error = e
-            except OSError as e:
-                error = worker.crashed(f"worker {worker.pid} pipe failed: {e}")
+        spoke = True
+        try:
+            spoke, got = worker.take(timeout, bool(lane.pipeline))
+            if got is None:
+                timed_out = worker.overdue
+                error = worker.crashed(f"worker {worker.pid} exited", timed_out=timed_out)
+            else:
+                frames = [(f, _decoded(f) if isinstance(f, Report) else None) for f in got]
+        except ProtocolError as e:
+            error = e
+        except OSError as e:
+            error = worker.crashed(f"worker {worker.pid} pipe failed: {e}")
         return frames, error, timed_out, spoke
 
     def deliver(self, lane: Lane, read: Read, waiter: Waiter | None = None, run: Run | None = None) -> Step | None:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Protocol
 import msgspec
 
 from . import protocol
-from ._engine import current_cpu, spin_readable
+from ._engine import current_cpu
 from .errors import ProtocolError, WorkerCrashed
 from .hotloop import SPINS
 
@@ -54,7 +54,7 @@ WORKER_CPU_SECONDS = 3600
 #: The worker binary (rust/worker), built next to the package by ``make build`` and shipped in
 #: the wheel. Missing, every spawn fails with an ``OSError``: runs fail ``runtime_unavailable``.
 WORKER_BINARY = Path(__file__).with_name("codemode-worker")
-#: How long a caller awaiting a worker's reply polls before it sleeps (`FrameSource.readable`):
+#: How long a caller awaiting a worker's reply polls before it sleeps (`FrameSource.take`):
 #: a trivial cell's reply comes ~20-40 µs after its frame, a tool call's report sooner, but the
 #: first segment of a cell after some ms idle takes its worker 100-150 µs (a cold CPU). A caller
 #: that slept through it is woken onto the worker's CPU, and the two then take turns there for
@@ -69,9 +69,7 @@ class FrameSource:
     def __init__(self, rfd: int) -> None:
         self.rfd = rfd
         self.reader = protocol.frame_reader(rfd)
-        self._poller = select.poll()
-        self._poller.register(rfd, select.POLLIN)
-        #: A malformed frame read after good ones (raised by the next `receive`).
+        #: A malformed frame read after good ones (raised by the next `take`).
         self._bad: ProtocolError | None = None
         #: Killed because it stopped reading before a write's deadline (its culprit timed out).
         self.overdue = False
@@ -80,26 +78,19 @@ class FrameSource:
     def pid(self) -> int:
         raise NotImplementedError
 
-    def readable(self, timeout_s: float, spin: bool = False) -> bool:
-        """Waits up to ``timeout_s`` for the worker to write (or exit); at once if `receive`
-        has an error to raise. ``spin``: a reply is due, maybe within microseconds (the worker
-        is executing a frame), so it polls for up to `SPIN_S` before it sleeps (`codemode_spin`,
-        yielding: it stops on a CPU it shares with the worker)."""
-        if self._bad is not None:
-            return True
-        if spin and SPINS and timeout_s > 0 and spin_readable(self.rfd, min(SPIN_S, timeout_s), True):
-            return True
-        return bool(self._poller.poll(max(0.0, timeout_s) * 1000.0))
-
-    def receive(self) -> list[protocol.WorkerFrame] | None:
-        """Reads what the worker wrote: the whole frames it completes (maybe none); None at the
-        end of the pipe. A frame that is not one of ours is a ``ProtocolError``, raised once the
-        frames before it have been returned."""
+    def take(self, timeout_s: float, spin: bool = False) -> tuple[bool, list[protocol.WorkerFrame] | None]:
+        """Waits up to ``timeout_s`` for the worker to write (or exit), then reads what it
+        wrote: ``(False, [])`` if nothing came; else ``True`` and the whole frames it completes
+        (maybe none), or None at the end of the pipe. ``spin``: a reply is due, maybe within
+        microseconds (the worker is executing a frame), so it polls for up to `SPIN_S` before
+        it sleeps (`codemode_spin`, yielding: it stops on a CPU it shares with the worker). A
+        frame that is not one of ours is a ``ProtocolError``, raised once the frames before it
+        have been returned (by the next take, at once)."""
         if self._bad is not None:
             raise self._bad
-        bodies = self.reader.read()
+        spoke, bodies = self.reader.read_within(timeout_s, SPIN_S if spin and SPINS else 0.0)
         if bodies is None:
-            return None
+            return spoke, None if spoke else []
         frames = []
         for body in bodies:
             try:
@@ -109,7 +100,7 @@ class FrameSource:
                 if not frames:
                     raise self._bad from None
                 break
-        return frames
+        return True, frames
 
 
 def popen_worker(argv: list[str]) -> subprocess.Popen[bytes]:
@@ -178,9 +169,7 @@ class Worker(Protocol):
     @property
     def pid(self) -> int: ...
 
-    def readable(self, timeout_s: float, spin: bool = False) -> bool: ...
-
-    def receive(self) -> list[protocol.WorkerFrame] | None: ...
+    def take(self, timeout_s: float, spin: bool = False) -> tuple[bool, list[protocol.WorkerFrame] | None]: ...
 
     def send(self, frames: list[msgspec.Struct], deadline: float) -> OSError | None: ...
 

@@ -230,7 +230,7 @@ def assert_still_serves(cm: CodeMode) -> None:
 
 def tamper_calls(monkeypatch: pytest.MonkeyPatch, replacement: str = DEEP_JSON) -> None:
     """Plays a compromised worker: `MARK` in a call's input JSON becomes ``replacement``."""
-    real_receive = codemode_workers.WorkerProcess.receive
+    real_take = codemode_workers.WorkerProcess.take
 
     def change(frame: Any) -> Any:
         if isinstance(frame, Report) and any(MARK in call[2] for call in frame.calls):
@@ -238,11 +238,11 @@ def tamper_calls(monkeypatch: pytest.MonkeyPatch, replacement: str = DEEP_JSON) 
             frame = msgspec.structs.replace(frame, calls=calls)
         return frame
 
-    def receive(self: Any) -> Any:
-        frames = real_receive(self)
-        return None if frames is None else [change(frame) for frame in frames]
+    def take(self: Any, timeout_s: float, spin: bool = False) -> Any:
+        spoke, frames = real_take(self, timeout_s, spin)
+        return spoke, None if frames is None else [change(frame) for frame in frames]
 
-    monkeypatch.setattr(codemode_workers.WorkerProcess, "receive", receive)
+    monkeypatch.setattr(codemode_workers.WorkerProcess, "take", take)
 
 
 # ---- item 1: every guest value is decoded and planned under one guard ---------------------------------

@@ -1,8 +1,13 @@
 //! Reading a worker's frames (`codemode_frames`, the framing the worker reads its stdin with):
-//! `protocol.frame_reader` makes one for `workers.FrameSource`; a read hands back every whole
-//! body it completes, so a report costs the host one call and one `read(2)`.
+//! `protocol.frame_reader` makes one for `workers.FrameSource`; a wait for the pipe and one
+//! `read(2)` hand back every whole body they complete, so a report costs the host one call and
+//! one release of the GIL.
+
+use std::io;
+use std::time::{Duration, Instant};
 
 use codemode_frames::{read_into, FrameBuffer, TooLarge};
+use codemode_spin::{readable_soon, Spin};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -33,6 +38,15 @@ impl FrameReader {
         })
     }
 
+    /// Every whole body buffered, consumed.
+    fn bodies<'py>(&mut self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let mut bodies = Vec::new();
+        while let Some(body) = self.next(py)? {
+            bodies.push(body);
+        }
+        Ok(bodies)
+    }
+
     /// The next whole frame's body (consumed), if one is buffered.
     fn next<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
         match self.frames.poll() {
@@ -45,6 +59,34 @@ impl FrameReader {
             Err(TooLarge(size)) => Err(oversized(py, size, self.max)),
         }
     }
+}
+
+/// `seconds` as a duration: none if it is not positive (or NaN), the longest there is if it is
+/// too long for one.
+fn seconds(seconds: f64) -> Duration {
+    if seconds > 0.0 {
+        Duration::try_from_secs_f64(seconds).unwrap_or(Duration::MAX)
+    } else {
+        Duration::ZERO
+    }
+}
+
+/// Whether `fd` is readable (or in error, or at its end: the read reports which) by `end`
+/// (none: however long it takes); `Interrupted` if a signal came first.
+fn readable_until(fd: i32, end: Option<Instant>) -> io::Result<bool> {
+    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    let left = end.map(|end| end.saturating_duration_since(Instant::now()));
+    let ts = left.map(|left| libc::timespec {
+        tv_sec: left.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
+        tv_nsec: left.subsec_nanos().into(),
+    });
+    let ts = ts.as_ref().map_or(std::ptr::null(), |ts| ts as *const libc::timespec);
+    // SAFETY: one valid pollfd; `ts` is null or points at a valid timespec; no signal mask.
+    let n = unsafe { libc::ppoll(&mut pfd, 1, ts, std::ptr::null()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n > 0)
 }
 
 /// `ProtocolError` (codemode.errors) for a frame over the cap.
@@ -63,18 +105,46 @@ impl FrameReader {
         FrameReader { fd, max: max_bytes, frames: FrameBuffer::new(max_bytes) }
     }
 
-    /// One read (the caller knows the pipe is readable, or accepts blocking), then the body of
-    /// every whole frame buffered; None at end of file. A frame over the cap is a
-    /// `ProtocolError`; `OSError` if the read fails.
-    fn read<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Vec<Bound<'py, PyBytes>>>> {
-        if !self.fill(py)? {
-            return Ok(None);
+    /// Waits up to `timeout` seconds for the pipe, polling it first for up to `spin` seconds
+    /// (yielding: `codemode_spin`), then reads once, the GIL released once for all of it:
+    /// `(False, None)` if nothing came; else `(True, bodies)` as `read` gives them (None at end
+    /// of file). A signal that interrupts the wait or the read runs its Python handler (which
+    /// may raise) before it waits again for what is left of `timeout`, as `select.poll` does.
+    fn read_within<'py>(
+        &mut self,
+        py: Python<'py>,
+        timeout: f64,
+        spin: f64,
+    ) -> PyResult<(bool, Option<Vec<Bound<'py, PyBytes>>>)> {
+        let fd = self.fd;
+        let end = Instant::now().checked_add(seconds(timeout));
+        let mut spin = seconds(spin).min(seconds(timeout)).min(Duration::from_secs(1));
+        let filled = self.frames.fill(|to, want| {
+            let to = to as usize; // (as in `fill`)
+            loop {
+                let waited = py.detach(|| {
+                    let soon = !spin.is_zero() && readable_soon(fd, spin, Spin::Yielding);
+                    if !soon && !readable_until(fd, end)? {
+                        return Ok(None);
+                    }
+                    // SAFETY: as in `fill`.
+                    unsafe { read_into(fd, to as *mut u8, want) }.map(Some)
+                });
+                spin = Duration::ZERO;
+                match waited {
+                    Ok(Some(got)) => return Ok(got),
+                    Ok(None) => return Err(None),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => py.check_signals().map_err(Some)?,
+                    Err(e) => return Err(Some(PyErr::from(e))),
+                }
+            }
+        });
+        match filled {
+            Ok(true) => Ok((true, Some(self.bodies(py)?))),
+            Ok(false) => Ok((true, None)),
+            Err(None) => Ok((false, None)),
+            Err(Some(e)) => Err(e),
         }
-        let mut bodies = Vec::new();
-        while let Some(body) = self.next(py)? {
-            bodies.push(body);
-        }
-        Ok(Some(bodies))
     }
 
     /// The next frame's body, blocking; None at end of file.
