@@ -74,6 +74,14 @@ pub fn away() -> bool {
     cpu_sets().is_some_and(|(now, given)| unsafe { !libc::CPU_EQUAL(&now, &given) })
 }
 
+/// Whether this thread keeps off a CPU by its own record, with no syscall: `away` unless a set of
+/// CPUs was given to it since it moved (which `away`, a move and `come_back` see). For a check
+/// between a reply and the turn it gives its host, where `away`'s syscall is on the host's
+/// path.
+pub fn kept_off() -> bool {
+    AWAY.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_some()
+}
+
 /// Moves this thread off the CPU it runs on, and keeps it off (the kernel migrates a running
 /// thread before the call returns), until it moves again or is given a new set of CPUs. False
 /// when it may use no other.
@@ -244,7 +252,7 @@ mod tests {
                     let now_on = current_cpu().expect("a CPU");
                     assert_ne!(now_on, cpu);
                     assert_eq!(allowed(), without(cpu));
-                    assert!(away() && several_cpus());
+                    assert!(away() && kept_off() && several_cpus());
                     // Moving again leaves out only the CPU it leaves then.
                     assert!(move_off_this_cpu());
                     assert_eq!(allowed(), without(now_on));
@@ -252,7 +260,15 @@ mod tests {
                     come_back();
                     assert_eq!(current_cpu(), Some(now_on));
                     assert_eq!(allowed(), cpus);
-                    assert!(!away());
+                    assert!(!away() && !kept_off());
+                    // Given a set while it keeps off, it is not away, but only its own record
+                    // says so until a `come_back`, which leaves the given set as it is.
+                    assert!(move_off_this_cpu());
+                    pin(&cpus);
+                    assert!(!away() && kept_off());
+                    come_back();
+                    assert!(!kept_off());
+                    assert_eq!(allowed(), cpus);
                 }
                 // With nothing to come back from, it stays where it is.
                 come_back();

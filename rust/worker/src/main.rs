@@ -121,9 +121,10 @@ fn serve() -> Result<(), Fatal> {
     // where the host runs the tools and a yield does not reliably give the CPU back) it polls
     // `Moving` while the answers are the host's own tools' (within `PROMPT`): off that CPU, its
     // calls then pass between two CPUs that poll, with no wake-up each (10 paced calls: ~0.85x
-    // the time); else `Yielding`, where it is. Never on one CPU; asked each time (a syscall,
-    // ~0.3 µs), for the host narrows a starting worker's CPUs and widens them once it is up
-    // (`workers._start_elsewhere`).
+    // the time); else `Yielding`, where it is. Never on one CPU; asked each time it is about to
+    // poll (a syscall, ~0.3 µs, once its host had its turn), for the host narrows a starting
+    // worker's CPUs and widens them once it is up (`workers._start_elsewhere`). Between a reply
+    // and that turn, whether it keeps off a CPU is its own record (`kept_off`): no syscall.
     //
     // A worker kept off the host's CPU comes back to it (`codemode_spin::come_back`) once the
     // traffic pauses: after `STAY_AWAY` of quiet, or at once when its run yielded or a run that
@@ -145,7 +146,7 @@ fn serve() -> Result<(), Fatal> {
             Some(len) => (len, true),
             None => {
                 if grace.is_zero() && worker.has_idle_work() {
-                    if !codemode_spin::away() {
+                    if !codemode_spin::kept_off() {
                         // A reply's wake-up puts the host on this CPU, where it waits for the
                         // worker to give the CPU up: it reads the reply and finishes its exec
                         // first, and the heap reset comes after (idle exec ~140 -> ~125 µs).
@@ -156,6 +157,8 @@ fn serve() -> Result<(), Fatal> {
                     // turn of this loop, and frames are decoded outside any arena.
                     unsafe { worker.idle() };
                 }
+                // (Whether it may poll at all is asked here, after its host's turn: see `spin`.)
+                let spin = spin.filter(|_| codemode_spin::several_cpus());
                 let came = spin.is_some_and(|spin| readable_soon(STDIN, SPIN, spin));
                 if codemode_spin::away() && (yielded || (!was_parked && !was_quick)) {
                     // A run that yielded is resumed by a `wait`, after a model's turn; a run that
@@ -207,13 +210,12 @@ fn serve() -> Result<(), Fatal> {
         (replied_at, was_parked) = (Some(Instant::now()), parked);
         spin = match parked {
             true if yielded || !quick_answers => None,
-            true if polled || codemode_spin::away() => Some(Spin::Yielding),
+            true if polled || codemode_spin::kept_off() => Some(Spin::Yielding),
             true if prompt_answers => Some(Spin::Moving),
             true => None,
             false if quick => Some(Spin::Moving),
             false => Some(Spin::Yielding),
-        }
-        .filter(|_| codemode_spin::several_cpus());
+        };
         grace = if parked {
             // Parked on tools, which usually answer within microseconds: the rebuild waits for a
             // slow answer (or for a run the host suspends, which sends nothing).
