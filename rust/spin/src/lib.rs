@@ -74,10 +74,10 @@ pub fn away() -> bool {
     cpu_sets().is_some_and(|(now, given)| unsafe { !libc::CPU_EQUAL(&now, &given) })
 }
 
-/// Whether this thread keeps off a CPU by its own record, with no syscall: `away` unless a set of
-/// CPUs was given to it since it moved (which `away`, a move and `come_back` see). For a check
-/// between a reply and the turn it gives its host, where `away`'s syscall is on the host's
-/// path.
+/// Whether this thread keeps off a CPU by its own record, with no syscall: `away`, unless a set
+/// of CPUs was given to it since it moved (which `away`, a move and `come_back` see: a
+/// `come_back` then only clears the record). For a worker between a reply and the turn it gives
+/// its host, where `away`'s syscall would be on the host's path.
 pub fn kept_off() -> bool {
     AWAY.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_some()
 }

@@ -121,16 +121,20 @@ fn serve() -> Result<(), Fatal> {
     // where the host runs the tools and a yield does not reliably give the CPU back) it polls
     // `Moving` while the answers are the host's own tools' (within `PROMPT`): off that CPU, its
     // calls then pass between two CPUs that poll, with no wake-up each (10 paced calls: ~0.85x
-    // the time); else `Yielding`, where it is. Never on one CPU; asked each time it is about to
-    // poll (a syscall, ~0.3 µs, once its host had its turn), for the host narrows a starting
-    // worker's CPUs and widens them once it is up (`workers._start_elsewhere`). Between a reply
-    // and that turn, whether it keeps off a CPU is its own record (`kept_off`): no syscall.
+    // the time); else `Yielding`, where it is. Never on one CPU (`several`).
+    //
+    // Between a reply and the turn it gives its host, the worker makes no syscall but those it
+    // must (each ~0.3-1 µs on the host's path): whether it keeps off a CPU is its own record
+    // (`codemode_spin::kept_off`), and whether it may use several CPUs is asked after its idle
+    // work, when the host had its turn, or, while it may not, each time it would poll (the host
+    // narrows a starting worker's CPUs and widens them once it is up: `workers._start_elsewhere`).
     //
     // A worker kept off the host's CPU comes back to it (`codemode_spin::come_back`) once the
     // traffic pauses: after `STAY_AWAY` of quiet, or at once when its run yielded or a run that
     // came after a pause ended (see below). Kept off, it could be woken only on a CPU of its
     // own, halted meanwhile.
     let mut spin = None;
+    let mut several = codemode_spin::several_cpus();
     // When the last reply went, whether it parked the run, whether its answers came quick.
     let (mut replied_at, mut was_parked, mut quick_answers) = (None::<Instant>, false, true);
     // Whether the last frame came within the poll window of the reply before it; whether the
@@ -156,11 +160,12 @@ fn serve() -> Result<(), Fatal> {
                     // SAFETY: the last reply was sent and dropped at the end of the previous
                     // turn of this loop, and frames are decoded outside any arena.
                     unsafe { worker.idle() };
+                    several = codemode_spin::several_cpus();
                 }
-                // (Whether it may poll at all is asked here, after its host's turn: see `spin`.)
-                let spin = spin.filter(|_| codemode_spin::several_cpus());
-                let came = spin.is_some_and(|spin| readable_soon(STDIN, SPIN, spin));
-                if codemode_spin::away() && (yielded || (!was_parked && !was_quick)) {
+                // (On one CPU, asked again each time: a starting worker's may be widened.)
+                several = several || (spin.is_some() && codemode_spin::several_cpus());
+                let came = spin.filter(|_| several).is_some_and(|spin| readable_soon(STDIN, SPIN, spin));
+                if codemode_spin::kept_off() && (yielded || (!was_parked && !was_quick)) {
                     // A run that yielded is resumed by a `wait`, after a model's turn; a run that
                     // ended in the frame that started it, after a pause, is no burst of back-to-
                     // back cells or tool calls (the host paused, as between a model's turns).
@@ -174,8 +179,9 @@ fn serve() -> Result<(), Fatal> {
                 if !came && worker.has_idle_work() && !readable_within(STDIN, grace) {
                     // SAFETY: as above.
                     unsafe { worker.idle() };
+                    several = codemode_spin::several_cpus();
                 }
-                if !came && codemode_spin::away() && !readable_within(STDIN, STAY_AWAY) {
+                if !came && codemode_spin::kept_off() && !readable_within(STDIN, STAY_AWAY) {
                     // (A frame that came meanwhile is read at once, kept off.)
                     codemode_spin::come_back();
                 }
