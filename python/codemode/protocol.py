@@ -196,8 +196,8 @@ def frame_reader(fd: int, max_bytes: int = MAX_FRAME_BYTES) -> FrameReader:
     """Reads length-prefixed frames from ``fd`` into one buffer kept for the pipe's life (the
     extension's `FrameReader`): ``read_within(timeout, spin)`` waits for ``fd`` (polling it
     first for up to ``spin``), does one ``read`` and returns the body of every whole frame
-    buffered, None at end of file; ``read_blocking()`` returns the next body. A frame over ``max_bytes`` is a
-    ``ProtocolError``."""
+    buffered, None at end of file; ``read_blocking()`` returns the next body. A frame over
+    ``max_bytes`` is a ``ProtocolError``."""
     return FrameReader(fd, max_bytes)
 
 

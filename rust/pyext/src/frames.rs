@@ -38,15 +38,6 @@ impl FrameReader {
         })
     }
 
-    /// Every whole body buffered, consumed.
-    fn bodies<'py>(&mut self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyBytes>>> {
-        let mut bodies = Vec::new();
-        while let Some(body) = self.next(py)? {
-            bodies.push(body);
-        }
-        Ok(bodies)
-    }
-
     /// The next whole frame's body (consumed), if one is buffered.
     fn next<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
         match self.frames.poll() {
@@ -140,7 +131,13 @@ impl FrameReader {
             }
         });
         match filled {
-            Ok(true) => Ok((true, Some(self.bodies(py)?))),
+            Ok(true) => {
+                let mut bodies = Vec::new();
+                while let Some(body) = self.next(py)? {
+                    bodies.push(body);
+                }
+                Ok((true, Some(bodies)))
+            }
             Ok(false) => Ok((true, None)),
             Err(None) => Ok((false, None)),
             Err(Some(e)) => Err(e),
