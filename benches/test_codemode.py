@@ -33,6 +33,21 @@ def _pause() -> None:
     time.sleep(GAP_S)
 
 
+def _trivial_rounds(
+    benchmark: Any,
+    execute: Callable[[dict[str, str]], dict[str, Any]],
+    pause: Callable[[], None],
+    rounds: int,
+    warmup: int,
+) -> None:
+    """Times ``execute`` (an exec, or a host's stand-in for one) of the trivial cell, after
+    ``pause()`` (untimed) before each round."""
+    result = benchmark.pedantic(
+        execute, args=({"code": "return 1 + 1"},), setup=pause, rounds=rounds, warmup_rounds=warmup
+    )
+    assert result["value"] == 2
+
+
 def _paired_rounds(
     benchmark: Any, session: Any, reference: Callable[[], object], code: str, rounds: int, warmup: int = 0
 ) -> tuple[Any, list[tuple[float, float, float]]]:
@@ -81,10 +96,7 @@ def session():
 
 @pytest.mark.benchmark(group="trivial")
 def test_exec_trivial_idle(benchmark, session):
-    result = benchmark.pedantic(
-        session.exec, args=({"code": "return 1 + 1"},), setup=_pause, rounds=400, warmup_rounds=20
-    )
-    assert result["value"] == 2
+    _trivial_rounds(benchmark, session.exec, _pause, rounds=400, warmup=20)
 
 
 @pytest.mark.benchmark(group="trivial")
@@ -242,9 +254,7 @@ class ThinHost:
 def test_thin_host_trivial_idle(benchmark, bare):
     """The idle exec's cell through `ThinHost`: a cell's own host steps, none of the
     supervisor's."""
-    thin = ThinHost(bare[0])
-    result = benchmark.pedantic(thin.exec, args=({"code": "return 1 + 1"},), setup=_pause, rounds=400, warmup_rounds=20)
-    assert result["value"] == 2
+    _trivial_rounds(benchmark, ThinHost(bare[0]).exec, _pause, rounds=400, warmup=20)
 
 
 #: A longer pause: the host's and the worker's caches are cold again (on this kind of VM other
@@ -259,21 +269,14 @@ def _long_pause() -> None:
 @pytest.mark.benchmark(group="trivial-after-30ms")
 def test_exec_trivial_after_30ms(benchmark, session):
     """The idle exec after a 30 ms pause: every step's code and data cold (see `LONG_GAP_S`)."""
-    result = benchmark.pedantic(
-        session.exec, args=({"code": "return 1 + 1"},), setup=_long_pause, rounds=100, warmup_rounds=5
-    )
-    assert result["value"] == 2
+    _trivial_rounds(benchmark, session.exec, _long_pause, rounds=100, warmup=5)
 
 
 @pytest.mark.benchmark(group="trivial-after-30ms")
 def test_thin_host_trivial_after_30ms(benchmark, bare):
     """`ThinHost`'s exec after the same 30 ms pause: what of the cold exec is not the
     supervisor's."""
-    thin = ThinHost(bare[0])
-    result = benchmark.pedantic(
-        thin.exec, args=({"code": "return 1 + 1"},), setup=_long_pause, rounds=100, warmup_rounds=5
-    )
-    assert result["value"] == 2
+    _trivial_rounds(benchmark, ThinHost(bare[0]).exec, _long_pause, rounds=100, warmup=5)
 
 
 @pytest.mark.benchmark(group="toolcalls")
@@ -422,10 +425,7 @@ def sized(request):
 
 @pytest.mark.benchmark(group="catalog-size")
 def test_exec_trivial_idle_by_catalog_size(benchmark, sized):
-    result = benchmark.pedantic(
-        sized.exec, args=({"code": "return 1 + 1"},), setup=_pause, rounds=300, warmup_rounds=10
-    )
-    assert result["value"] == 2
+    _trivial_rounds(benchmark, sized.exec, _pause, rounds=300, warmup=10)
 
 
 SEARCHES = 200
