@@ -1,6 +1,7 @@
 """Peer benchmarks: the same cells in codemode and in its peers, side by side in one process.
 
     .venv/bin/python benches/peers/run.py [--write README.md] [--quick]
+    .venv/bin/python benches/peers/run.py --interleaved [--sweep-mib N] [--quick]
 
 Peers: ``mini-racer`` (V8, in process), ``quickjs`` (PyPI, QuickJS in process), ``pydantic-monty``
 (Python cells of the same logic, in its worker subprocess) and ``node/harness.mjs`` (quickjs-wasi in
@@ -13,6 +14,11 @@ share of the rounds, so that a drift of this VM's speed over the minutes of a ru
 costs come and go) lands on each of them alike. Prints the table (medians and
 peer/codemode ratios), writes ``results.json`` beside this file and the chart ``docs/peers.png``,
 and with ``--write`` replaces the table between the peers markers of that README.
+
+``--interleaved`` compares codemode and pydantic-monty alone, round by round (`interleaved`): no
+round follows its own peer's, so each pays for the code and data it touches after other work
+(with ``--sweep-mib``, after the host rewrote that much memory, as between a model's turns); it
+prints its table and writes nothing.
 """
 
 from __future__ import annotations
@@ -24,13 +30,14 @@ import datetime
 import json
 import os
 import platform
+import random
 import re
 import shutil
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -157,18 +164,12 @@ async def sample_async(
 # ---------------------------------------------------------------------------------------------
 
 
-def bench_codemode(rounds: dict[str, int]) -> dict[str, Samples]:
+@contextlib.contextmanager
+def codemode_rounds() -> Iterator[dict[str, Callable[[], tuple[float, object]]]]:
+    """A warm codemode (one worker, the benches' tool) and one timed round of each warm
+    workload's cell on it (``b2b`` is the trivial cell's)."""
     from codemode import CodeMode
 
-    def cold() -> tuple[float, object]:
-        t0 = time.perf_counter()
-        cm = CodeMode({"workers": 1})
-        value = cm.session().exec({"code": JS_CELLS["trivial"]})["value"]
-        seconds = time.perf_counter() - t0
-        cm.close()
-        return seconds, value
-
-    out: dict[str, Samples] = {"cold": sample("cold", cold, rounds)}
     with CodeMode({"workers": 1}) as cm:
 
         @cm.tool
@@ -199,9 +200,24 @@ def bench_codemode(rounds: dict[str, int]) -> dict[str, Samples]:
             result = session.wait({"runId": waiting["runId"]})
             return first + time.perf_counter() - t0, result.get("value")
 
-        for workload in ("trivial", "b2b", "toolcalls", "filter"):
-            out[workload] = sample(workload, exec_once(js_cell(workload)), rounds)
-        out["suspend"] = sample("suspend", suspend, rounds)
+        yield {**{w: exec_once(js_cell(w)) for w in ("trivial", "b2b", "toolcalls", "filter")}, "suspend": suspend}
+
+
+def bench_codemode(rounds: dict[str, int]) -> dict[str, Samples]:
+    from codemode import CodeMode
+
+    def cold() -> tuple[float, object]:
+        t0 = time.perf_counter()
+        cm = CodeMode({"workers": 1})
+        value = cm.session().exec({"code": JS_CELLS["trivial"]})["value"]
+        seconds = time.perf_counter() - t0
+        cm.close()
+        return seconds, value
+
+    out: dict[str, Samples] = {"cold": sample("cold", cold, rounds)}
+    with codemode_rounds() as once:
+        for workload, run in once.items():
+            out[workload] = sample(workload, run, rounds)
     return out
 
 
@@ -301,7 +317,10 @@ def bench_quickjs(rounds: dict[str, int]) -> dict[str, Samples]:
 # ---------------------------------------------------------------------------------------------
 
 
-def bench_monty(rounds: dict[str, int]) -> dict[str, Samples]:
+@contextlib.contextmanager
+def monty_rounds() -> Iterator[dict[str, Callable[[], tuple[float, object]]]]:
+    """A warm pydantic-monty session (one worker) and one timed round of each warm workload's
+    cell on it (``b2b`` is the trivial cell's); its external calls are answered here."""
     import pydantic_monty as pm
 
     def drive(session: Any, code: str) -> object:
@@ -311,15 +330,6 @@ def bench_monty(rounds: dict[str, int]) -> dict[str, Samples]:
             snap = snap.resume({"return_value": 2 * snap.args[0]})
         return snap.output
 
-    def cold() -> tuple[float, object]:
-        with contextlib.ExitStack() as stack:
-            t0 = time.perf_counter()
-            pool = stack.enter_context(pm.Monty(min_processes=1, max_processes=1, request_timeout=30))
-            session = stack.enter_context(pool.checkout())
-            value = session.feed_run(PY_CELLS["trivial"])
-            return time.perf_counter() - t0, value
-
-    out: dict[str, Samples] = {"cold": sample("cold", cold, rounds)}
     with (
         pm.Monty(min_processes=1, max_processes=1, request_timeout=30) as pool,
         pool.checkout(limits={"max_suspensions": 2**63 - 1}) as session,
@@ -347,9 +357,24 @@ def bench_monty(rounds: dict[str, int]) -> dict[str, Samples]:
             done = snap.resume({"return_value": None})
             return first + time.perf_counter() - t0, done.output
 
-        for workload in ("trivial", "b2b", "toolcalls", "filter"):
-            out[workload] = sample(workload, once(CELL_OF.get(workload, workload)), rounds)
-        out["suspend"] = sample("suspend", suspend, rounds)
+        yield {**{w: once(CELL_OF.get(w, w)) for w in ("trivial", "b2b", "toolcalls", "filter")}, "suspend": suspend}
+
+
+def bench_monty(rounds: dict[str, int]) -> dict[str, Samples]:
+    import pydantic_monty as pm
+
+    def cold() -> tuple[float, object]:
+        with contextlib.ExitStack() as stack:
+            t0 = time.perf_counter()
+            pool = stack.enter_context(pm.Monty(min_processes=1, max_processes=1, request_timeout=30))
+            session = stack.enter_context(pool.checkout())
+            value = session.feed_run(PY_CELLS["trivial"])
+            return time.perf_counter() - t0, value
+
+    out: dict[str, Samples] = {"cold": sample("cold", cold, rounds)}
+    with monty_rounds() as once:
+        for workload, run in once.items():
+            out[workload] = sample(workload, run, rounds)
     return out
 
 
@@ -378,6 +403,59 @@ def bench_node(rounds: dict[str, int]) -> tuple[dict[str, Samples], dict[str, An
         if workload in EXPECTED:
             _check(workload, value)
     return report["samples"], {"node": report["node"], "snapshot_bytes": report["results"].get("snapshotBytes")}
+
+
+# ---------------------------------------------------------------------------------------------
+# Interleaved: codemode and pydantic-monty round by round (`--interleaved`)
+# ---------------------------------------------------------------------------------------------
+
+#: The warm workloads the interleaved comparison runs.
+INTERLEAVED = ("trivial", "toolcalls", "filter", "suspend")
+
+
+def interleaved(rounds: dict[str, int], sweep_mib: int) -> dict[str, dict[str, list[float]]]:
+    """codemode and pydantic-monty, the two peers that put a process boundary between the cell
+    and the host, round by round: each round of a workload times one cell of each, in a random
+    order, each after the same pause and, with ``sweep_mib``, after the host rewrote that many
+    MiB of memory (other work between two cells, as a model's turn is: caches cold). No peer's
+    round follows its own, so each pays for what it touches after other work, and a drift of
+    this VM's speed lands on both within a round. Each workload's seconds by peer."""
+    junk = bytearray(sweep_mib << 20)
+    order = random.Random(0)
+    out: dict[str, dict[str, list[float]]] = {}
+    with codemode_rounds() as ours, monty_rounds() as theirs:
+        peers = {"codemode": ours, "monty": theirs}
+        for workload in INTERLEAVED:
+            for once in peers.values():
+                for _ in range(WARMUP):
+                    _check(workload, once[workload]()[1])
+            samples: dict[str, list[float]] = {key: [] for key in peers}
+            for _ in range(rounds[workload]):
+                turn = list(peers.items())
+                order.shuffle(turn)
+                for key, once in turn:
+                    if junk:
+                        junk[:-1] = junk[1:]  # (reads and writes every line of it)
+                    time.sleep(GAP_S)
+                    seconds, value = once[workload]()
+                    _check(workload, value)
+                    samples[key].append(seconds)
+            out[workload] = samples
+    return out
+
+
+def interleaved_table(out: dict[str, dict[str, list[float]]], sweep_mib: int) -> str:
+    """Medians of each peer, and the median over rounds of monty / codemode (above 1: codemode
+    is faster)."""
+    lines = ["| workload | codemode | pydantic-monty | monty / codemode, per round |", "|---|---|---|---|"]
+    for workload, samples in out.items():
+        ours, theirs = samples["codemode"], samples["monty"]
+        ratio = statistics.median(m / c for c, m in zip(ours, theirs, strict=True))
+        label = WORKLOADS[workload][0]
+        lines.append(f"| {label} | {fmt(statistics.median(ours))} | {fmt(statistics.median(theirs))} | {ratio:.2f}x |")
+    swept = f", the host rewriting {sweep_mib} MiB before each" if sweep_mib else ""
+    note = f"Rounds interleaved (each after the other peer's{swept}), after a {GAP_S * 1e3:.0f} ms pause each."
+    return "\n".join([*lines, "", note])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -524,8 +602,15 @@ def main() -> None:
     parser.add_argument("--chart", type=Path, default=ROOT / "docs" / "peers.png")
     parser.add_argument("--json", type=Path, default=HERE / "results.json")
     parser.add_argument("--quick", action="store_true", help="few rounds: a smoke run, not figures to publish")
+    parser.add_argument(
+        "--interleaved", action="store_true", help="codemode and pydantic-monty round by round; prints, writes nothing"
+    )
+    parser.add_argument("--sweep-mib", type=int, default=0, help="with --interleaved: MiB rewritten before each round")
     args = parser.parse_args()
     rounds = QUICK_ROUNDS if args.quick else ROUNDS
+    if args.interleaved:
+        print(interleaved_table(interleaved(rounds, args.sweep_mib), args.sweep_mib))
+        return
 
     load_before = os.getloadavg()
     if load_before[0] > 0.5:

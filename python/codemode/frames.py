@@ -22,9 +22,9 @@ import msgspec
 
 from . import protocol
 from .fleet import KILL_GRACE_S, RUNS_PER_WORKER, Fleet, Out, failed, send_drop, timed_out
-from .protocol import CallResult, Replay, Settle, utf8_len
+from .protocol import CallResult, Replay, Settle, Start, utf8_len
 from .readers import Lease, Waiter
-from .runs import Journal, Phase, Run
+from .runs import Phase, Run
 from .workers import Inflight, Lane
 
 _log = logging.getLogger(__name__)
@@ -284,26 +284,27 @@ class FrameQueue:
         run.phase = Phase.RUNNING
         return frames
 
-    def lease(self, lane: Lane, holder: Lease, configure: Any, journal: Journal, timeout_ms: int) -> list[Any]:
-        """Under the lock, for an idle lane with no reader: a cell's first step goes to it before
-        the cell is a run (`Supervisor.first_step`). ``holder`` is the lane's reader until it
-        lets go or a run takes it over; meanwhile the lease is the frame in flight and every
-        other frame for the worker queues (`may_write`), so the holder writes its own at once,
-        with no outbox to flush after it (a `Drop` goes straight to the worker, whole, as ever).
-        Returns the frames to write."""
+    def lease(self, lane: Lane, holder: Lease, configure: Any, start: Start, session_id: str) -> list[Any]:
+        """Under the lock, for an idle lane with no reader: a cell's first step (``start``, of
+        ``session_id``'s cell, which gets its engine run here) goes to it before the cell is a run
+        (`Supervisor.first_step`). ``holder`` is the lane's reader until it lets go or a run
+        takes it over; meanwhile the lease is the frame in flight and every other frame for the
+        worker queues (`may_write`), so the holder writes its own at once, with no outbox to
+        flush after it (a `Drop` goes straight to the worker, whole, as ever). Returns the
+        frames to write."""
         fleet = self._fleet
         now = time.monotonic()
         holder.lane = lane
-        holder.engine_run = fleet.next_run_id()
+        holder.engine_run = start.run = fleet.next_run_id()
         holder.sent = now
-        holder.deadline = now + timeout_ms / 1000.0
+        holder.deadline = now + start.timeout_ms / 1000.0
         holder.kill_at = holder.deadline + KILL_GRACE_S
         frames: list[Any] = []
         self._configure(lane, configure, frames)
-        frames.append(journal.start_frame(holder.engine_run, float(timeout_ms)))
+        frames.append(start)
         self._count_start(lane)
         lane.pipeline.append(Inflight(None, "lease", now, holder.kill_at))
-        self._served_now(journal.session_id)
+        self._served_now(session_id)
         lane.reader = holder
         return frames
 

@@ -5,9 +5,10 @@ exported (``import_run``: restart-safe runs only, and nothing in the bytes is tr
 way it gets this ``CodeMode``'s own limits, a dispatcher over the catalog the policy allows now,
 and the namespaces and stored values of its session::
 
-    CellArgs ──new_run──> Journal (seed, limits, source, run setup: namespaces + store snapshot
-                      │            + which of models/agents the prelude installs)
-                      └─> Dispatcher (catalog view, gate, outputs, approvals, MCP ops, HostApis) ──> Run
+    CellArgs ──cell──> Cell: Start (seed, source, run setup: namespaces + store snapshot + which of
+          │                  models/agents the prelude installs): all a first step needs
+          └──run_for──> Journal (the start's, with limits and catalog fingerprint)
+                    └─> Dispatcher (catalog view, gate, outputs, approvals, MCP ops, HostApis) ──> Run
     bytes ──imported──> Journal.decode ──checks (cells.journal_problem)──> Run + calls to redo
     configuration() ──> Configure (limits, catalog JSON, fingerprint, semantic pack), cached
                         per catalog fingerprint: what a worker needs before it starts a run
@@ -35,7 +36,7 @@ from .errors import CodemodeError
 from .mcp_listing import McpListing
 from .namespaces import Namespaces
 from .outputs import OutputStore
-from .protocol import Configure, EngineLimits
+from .protocol import Configure, EngineLimits, Start
 from .runs import Journal, Run, Scope, fixed_clock_start, new_run_id
 from .stored_values import StoredValues
 from .tools import BackgroundLoop, CatalogView
@@ -52,13 +53,16 @@ Redo = tuple[int, str, str]
 
 
 class Cell(msgspec.Struct):
-    """A checked ``exec`` made ready to run: its session, run id, journal (the source, seed and
-    setup its worker starts it from), the catalog it got, and the rest its run is made of
-    (`RunFactory.run_for`). (A struct: built in C, for every exec.)"""
+    """A checked ``exec`` made ready to run: its session, run id, the frame that starts it (the
+    source, seed and setup its worker starts it from; its run number set when it is sent), the
+    catalog it got, and the rest its run is made of (`RunFactory.run_for`: the journal is made
+    there, for a cell that does not end in its first step). (A struct: built in C, for every
+    exec.)"""
 
     session: Session
     run_id: str
-    journal: Journal
+    start: Start
+    restart_safe: bool
     configure: Configure
     view: CatalogView
     #: Where its tools' async calls run.
@@ -160,7 +164,7 @@ class RunFactory:
         seed: int | None = None,
     ) -> Cell:
         """What a run of ``session`` for a checked ``exec`` is made of (`run_for`); its first
-        step on an idle worker needs only its journal's start (`Supervisor.first_step`)."""
+        step on an idle worker needs only its start (`Supervisor.first_step`)."""
         code, language, restart_safe, options = checked
         session_id = session.session_id
         # A pragma may only lower what the operator's config allows, never raise it.
@@ -180,29 +184,26 @@ class RunFactory:
         stored = self._stored.snapshot(session_id, session.branch)
         if stored:
             run_setup["store"] = stored
-        journal = Journal(
-            engine_version=_engine.__version__,
-            prelude_hash=_engine.PRELUDE_HASH,
-            catalog_fingerprint=configure.fingerprint,
-            limits=configure.limits,
-            language=language,
-            source=code,
-            seed=random.getrandbits(63) if seed is None else seed,
-            run_json=msgspec.json.encode(run_setup).decode() if run_setup else "{}",
-            clock_start=None if seed is None else fixed_clock_start(seed),
-            restart_safe=restart_safe,
-            session_id=session_id,
-            agent_run=session.agent_run,
+        timeout_ms = min(max(timeout_ms, min_timeout_ms), high)
+        start = Start(
+            0,
+            code,
+            language,
+            float(timeout_ms),
+            random.getrandbits(63) if seed is None else seed,
+            msgspec.json.encode(run_setup).decode() if run_setup else "{}",
+            None if seed is None else fixed_clock_start(seed),
         )
         tokens = options.max_output_tokens
         return Cell(
             session,
             run_id,
-            journal,
+            start,
+            restart_safe,
             configure,
             view,
             loop,
-            min(max(timeout_ms, min_timeout_ms), high),
+            timeout_ms,
             None if tokens is None else min(tokens * 4, self._config.max_output_bytes),
             namespace_calls,
             apis,
@@ -212,8 +213,22 @@ class RunFactory:
 
     def run_for(self, cell: Cell) -> Run:
         """The run of ``cell``: its journal, and a dispatcher over the catalog it got."""
-        journal, session = cell.journal, cell.session
+        session, start = cell.session, cell.start
         session_id = session.session_id
+        journal = Journal(
+            engine_version=_engine.__version__,
+            prelude_hash=_engine.PRELUDE_HASH,
+            catalog_fingerprint=cell.configure.fingerprint,
+            limits=cell.configure.limits,
+            language=start.language,
+            source=start.source,
+            seed=start.seed,
+            run_json=start.run_json,
+            clock_start=start.clock_start,
+            restart_safe=cell.restart_safe,
+            session_id=session_id,
+            agent_run=session.agent_run,
+        )
         dispatcher = Dispatcher(
             cell.view,
             cell.loop,

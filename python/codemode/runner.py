@@ -119,7 +119,7 @@ class Runner:
         lease = None
         try:
             if cell.output_chars is None:  # (a text budget may cut even a plain value: as a run)
-                lease = self._supervisor.first_step(cell.journal, cell.configure, cell.timeout_ms)
+                lease = self._supervisor.first_step(cell.start, cell.configure, cell.session.session_id)
                 if lease is not None and lease.report is not None:
                     return self._live.first_result(cell, lease.report, lease.value, started)
             run = self._factory.run_for(cell)

@@ -54,10 +54,10 @@ from .fleet import KILL_GRACE_S, Fleet, Out, failed, run_all, send_drop
 from .frames import SETTLE_BUDGET_BYTES, Direct, FrameQueue
 from .loop_reading import LoopReading
 from .placement import LocalPlacement, Placement
-from .protocol import CallResult, Configure, Fault, Report, WorkerFrame
+from .protocol import CallResult, Configure, Fault, Report, Start, WorkerFrame
 from .readers import Lease, LoopReader, Read, Readers, Waiter
 from .reports import ReportRouter, journal_calls
-from .runs import Failure, Journal, Phase, Run, Step
+from .runs import Failure, Phase, Run, Step
 from .tool_starts import SYNC_TOOL_THREADS, ToolStarter
 from .waiting import Waiting
 from .workers import SPIN_S
@@ -334,7 +334,7 @@ class Supervisor:
         run.step.deadline = deadline
 
     # ---- a cell's first step, before it is a run -----------------------------------------------
-    def first_step(self, journal: Journal, configure: Configure, timeout_ms: int) -> Lease | None:
+    def first_step(self, start: Start, configure: Configure, session_id: str) -> Lease | None:
         """A sync exec's cell goes straight to an idle worker before the host makes it a run: most
         cells end in their first step, and a run's bookkeeping was most of what such an exec
         cost the host. None if no worker is idle (it starts as a run: `start`). Else the lease,
@@ -349,7 +349,7 @@ class Supervisor:
             lane = fleet.place()
             if isinstance(lane, str) or lane.reader is not None or not fleet.frames.idle(lane):
                 return None
-            frames = fleet.frames.lease(lane, lease, configure, journal, timeout_ms)
+            frames = fleet.frames.lease(lane, lease, configure, start, session_id)
         self._write_and_look(lease, frames)
         lone = _lone(lease.read)
         if lone is None:
