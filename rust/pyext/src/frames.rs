@@ -7,9 +7,11 @@ use std::io;
 use std::time::{Duration, Instant};
 
 use codemode_frames::{read_into, FrameBuffer, TooLarge};
-use codemode_spin::{readable_soon, Spin};
+use codemode_spin::{readable_by, readable_soon, Spin};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+
+use crate::seconds;
 
 #[pyclass(module = "codemode._engine")]
 pub struct FrameReader {
@@ -52,34 +54,6 @@ impl FrameReader {
     }
 }
 
-/// `seconds` as a duration: none if it is not positive (or NaN), the longest there is if it is
-/// too long for one.
-fn seconds(seconds: f64) -> Duration {
-    if seconds > 0.0 {
-        Duration::try_from_secs_f64(seconds).unwrap_or(Duration::MAX)
-    } else {
-        Duration::ZERO
-    }
-}
-
-/// Whether `fd` is readable (or in error, or at its end: the read reports which) by `end`
-/// (none: however long it takes); `Interrupted` if a signal came first.
-fn readable_until(fd: i32, end: Option<Instant>) -> io::Result<bool> {
-    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-    let left = end.map(|end| end.saturating_duration_since(Instant::now()));
-    let ts = left.map(|left| libc::timespec {
-        tv_sec: left.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
-        tv_nsec: left.subsec_nanos().into(),
-    });
-    let ts = ts.as_ref().map_or(std::ptr::null(), |ts| ts as *const libc::timespec);
-    // SAFETY: one valid pollfd; `ts` is null or points at a valid timespec; no signal mask.
-    let n = unsafe { libc::ppoll(&mut pfd, 1, ts, std::ptr::null()) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(n > 0)
-}
-
 /// `ProtocolError` (codemode.errors) for a frame over the cap.
 fn oversized(py: Python<'_>, size: usize, max: usize) -> PyErr {
     let message = format!("frame of {size} bytes exceeds the {max}-byte cap");
@@ -115,7 +89,7 @@ impl FrameReader {
             loop {
                 let waited = py.detach(|| {
                     let soon = !spin.is_zero() && readable_soon(fd, spin, Spin::Yielding);
-                    if !soon && !readable_until(fd, end)? {
+                    if !soon && !readable_by(fd, end)? {
                         return Ok(None);
                     }
                     // SAFETY: as in `fill`.

@@ -208,9 +208,19 @@ impl Engine {
 #[pyfunction]
 #[pyo3(signature = (fd, seconds, yielding=false))]
 fn spin_readable(py: Python<'_>, fd: i32, seconds: f64, yielding: bool) -> bool {
-    let seconds = if seconds > 0.0 { seconds.min(1.0) } else { 0.0 }; // NaN too
+    let window = crate::seconds(seconds).min(Duration::from_secs(1));
     let spin = if yielding { Spin::Yielding } else { Spin::Busy };
-    py.detach(|| readable_soon(fd, Duration::from_secs_f64(seconds), spin))
+    py.detach(|| readable_soon(fd, window, spin))
+}
+
+/// `seconds` from Python as a duration: none if it is not positive (or NaN), the longest there
+/// is if it is too long for one (no panic on a hostile or careless bound).
+pub(crate) fn seconds(seconds: f64) -> Duration {
+    if seconds > 0.0 {
+        Duration::try_from_secs_f64(seconds).unwrap_or(Duration::MAX)
+    } else {
+        Duration::ZERO
+    }
 }
 
 /// The CPU the calling thread runs on now, or None: `workers.WorkerProcess` starts a new worker

@@ -13,6 +13,7 @@
 //! long: another task runs on this CPU, maybe the very one that is to write, and sleeping is
 //! then the fastest way to let it. (One long yield may be a kernel thread's brief turn.)
 
+use std::io;
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
@@ -129,6 +130,25 @@ pub fn current_cpu() -> Option<usize> {
     // SAFETY: no arguments; it returns -1 on failure.
     let cpu = unsafe { libc::sched_getcpu() };
     usize::try_from(cpu).ok()
+}
+
+/// Whether `fd` is readable (or in error, or at its end: the caller's read reports which) by
+/// `end` (None: however long it takes), sleeping until then; `Interrupted` if a signal came
+/// first (the caller decides: run its handlers, or wait again for what is left).
+pub fn readable_by(fd: RawFd, end: Option<Instant>) -> io::Result<bool> {
+    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    let left = end.map(|end| end.saturating_duration_since(Instant::now()));
+    let ts = left.map(|left| libc::timespec {
+        tv_sec: left.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
+        tv_nsec: left.subsec_nanos().into(),
+    });
+    let ts = ts.as_ref().map_or(std::ptr::null(), |ts| ts as *const libc::timespec);
+    // SAFETY: one valid pollfd; `ts` is null or points at a valid timespec; no signal mask.
+    let n = unsafe { libc::ppoll(&mut pfd, 1, ts, std::ptr::null()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n > 0)
 }
 
 /// Polls `fd` for up to `window` without sleeping; true once it is readable (or in error, or at

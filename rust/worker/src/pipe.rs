@@ -3,7 +3,7 @@
 
 use std::io;
 use std::os::fd::RawFd;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use codemode_frames::{read_into, FrameBuffer, TooLarge};
 
@@ -103,19 +103,16 @@ pub fn write_all(fd: RawFd, mut data: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
-/// Whether `fd` becomes readable (or reaches its end) within `timeout`.
+/// Whether `fd` becomes readable (or reaches its end) within `timeout` (a signal that
+/// interrupts the wait leaves it waiting for what is left).
 pub fn readable_within(fd: RawFd, timeout: Duration) -> bool {
-    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as _ };
+    let end = Instant::now().checked_add(timeout);
     loop {
-        // SAFETY: one valid pollfd and a valid timespec; no signal mask is passed.
-        let n = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
-        if n >= 0 {
-            return n > 0;
-        }
-        if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+        match codemode_spin::readable_by(fd, end) {
+            Ok(readable) => return readable,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             // The blocking read that follows reports what is wrong with the descriptor.
-            return true;
+            Err(_) => return true,
         }
     }
 }
