@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, get_args
 
+import msgspec
 import pytest
 from codemode import (
     CodeMode,
@@ -19,6 +20,8 @@ from codemode import (
     ResultTelemetry,
     WaitingResult,
 )
+from codemode.models import ModelUsage
+from codemode.outcomes import Completed, ImageOutput, JsonOutput, Telemetry, TextOutput
 from codemode.results import ErrorCode, ImageOutputItem, JsonOutputItem, TextOutputItem
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
@@ -127,3 +130,25 @@ def test_a_type_checker_narrows_on_status_and_catches_a_wrong_key(tmp_path: Path
 
 def test_exec_result_is_the_union_of_the_three_shapes():
     assert set(get_args(ExecResult)) == {CompletedResult, WaitingResult, FailedResult}
+
+
+@pytest.mark.parametrize(
+    "value", [2, "text", None, True, 1.5, {"records": [{"id": 1}]}, [1, [2, {"a": None}]]], ids=repr
+)
+@pytest.mark.parametrize("usage", [None, ModelUsage(input_tokens=3, images=1)], ids=["no-usage", "usage"])
+@pytest.mark.parametrize("output", [[], [TextOutput("a"), JsonOutput({"b": 1}), ImageOutput("image/png", PNG)]])
+def test_a_completed_result_spelled_out_is_the_generic_conversion(value: Any, usage: Any, output: Any):
+    """`Completed.to_dict` and `Telemetry.to_dict` build the dict by hand (the hot path of every
+    exec): key for key, in the same order, what `msgspec.to_builtins` makes of the struct."""
+    telemetry = Telemetry(12.5, 3, 1, 2, 4096, 7, {"host": 5, "mcp": 2}, ["exec", "wait", "direct_one"], usage)
+    completed = Completed(value, telemetry, output)
+    shown = completed.to_dict()
+    generic = msgspec.to_builtins(completed)
+    assert shown == generic
+    assert list(shown) == list(generic)
+    assert list(shown["telemetry"]) == list(generic["telemetry"])
+    check_result(shown)
+    # (The telemetry's dict and list are the result's own: changing them changes no struct.)
+    shown["telemetry"]["catalogSources"]["host"] = 0
+    shown["telemetry"]["modelVisibleTools"].append("x")
+    assert telemetry.catalog_sources == {"host": 5, "mcp": 2} and telemetry.model_visible_tools[-1] == "direct_one"

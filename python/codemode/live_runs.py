@@ -37,7 +37,7 @@ from .outcomes import Completed, Failed, Output, Result, Telemetry, Waiting, cut
 from .outputs import OutputStore
 from .policy import Trace, TraceEvent
 from .protocol import Report
-from .runs import FOREIGN, UNAVAILABLE, Counts, Run, RunLookupError, RunLost, RunTable, Scope, Step
+from .runs import FOREIGN, UNAVAILABLE, Run, RunLookupError, RunLost, RunTable, Scope, Step
 from .stored_values import StoredValues
 from .supervisor import Supervisor
 from .tools import CatalogView
@@ -56,18 +56,21 @@ _PROGRESS_KINDS = {8: "phase", 9: "log"}
 MAX_REASON_CHARS = 1000
 
 
-def _telemetry(started: float, view: CatalogView, counts: Counts, memory_bytes: int, usage: Any) -> Telemetry:
-    """A result's telemetry: time since ``started``, what the run did, the catalog it had."""
+def _telemetry(
+    started: float, view: CatalogView, calls: int, searches: int, describes: int, memory_bytes: int, usage: Any
+) -> Telemetry:
+    """A result's telemetry: time since ``started``, what the run did (its tool calls, searches
+    and describes), the catalog it had."""
     return Telemetry(
-        duration_ms=(time.perf_counter() - started) * 1000.0,
-        tool_calls=counts.tool_calls,
-        searches=counts.searches,
-        describes=counts.describes,
-        memory_bytes=memory_bytes,
-        catalog_size=len(view.tools),
-        catalog_sources=dict(view.counts),
-        model_visible_tools=[*MODEL_VISIBLE_TOOLS, *view.direct],
-        model_usage=usage,
+        (time.perf_counter() - started) * 1000.0,
+        calls,
+        searches,
+        describes,
+        memory_bytes,
+        len(view.tools),
+        dict(view.counts),
+        [*MODEL_VISIBLE_TOOLS, *view.direct],
+        usage,
     )
 
 
@@ -145,12 +148,12 @@ class LiveRuns:
     def telemetry(self, started: float, step: Step | None, run: Run | None = None) -> Telemetry:
         view = run.dispatcher.view if run is not None else self._catalog()
         if run is None or step is None:
-            return _telemetry(started, view, Counts(), step.memory_bytes if step else 0, None)
+            return _telemetry(started, view, 0, 0, 0, step.memory_bytes if step else 0, None)
         counts = run.counts
         counts.add(step)
         used = run.dispatcher.model_usage
         usage = None if used is None or not used.operations else msgspec.structs.replace(used)
-        return _telemetry(started, view, counts, step.memory_bytes, usage)
+        return _telemetry(started, view, counts.tool_calls, counts.searches, counts.describes, step.memory_bytes, usage)
 
     def finish(self, run: Run, step: Step, started: float, kind: str) -> Result:
         """Files a suspended run or retires a finished one; builds the spec's result."""
@@ -165,10 +168,9 @@ class LiveRuns:
     def first_result(self, cell: Cell, report: Report, value: Any, started: float) -> Completed:
         """The result of a cell that completed plainly in its first step, before it was a run
         (`Supervisor.first_step`: no tool call, output or store write)."""
-        counts = Counts(searches=report.searches, describes=report.describes)
-        telemetry = _telemetry(started, cell.view, counts, report.memory_bytes, None)
+        telemetry = _telemetry(started, cell.view, 0, report.searches, report.describes, report.memory_bytes, None)
         self._traced("exec", cell.parent, cell.session.session_id, telemetry, "completed", cell.run_id)
-        return Completed(value=value, telemetry=telemetry)
+        return Completed(value, telemetry)
 
     def _traced(self, kind: str, parent: str, session_id: str, telemetry: Telemetry, status: str, run_id: str) -> None:
         """An exec or wait that ended, as an event of the host's trace."""

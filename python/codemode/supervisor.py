@@ -367,10 +367,16 @@ class Supervisor:
         out: Out = []
         with fleet.lock:
             if lane.reader is lease and not lane.dead:
-                fleet.frames.next_in_pipeline(lane)
-                fleet.frames.kick(lane, out)
-                fleet.readers.release_reader(lane, lease, out)
-                fleet.retire_if_done(lane, out)
+                if len(lane.pipeline) == 1 and not (lane.queue or lane.attached or lane.retiring):
+                    # (Most often: nothing else is there, nothing is to be handed on; the four
+                    # calls below come to this.)
+                    lane.pipeline.popleft()
+                    lane.reader = None
+                else:
+                    fleet.frames.next_in_pipeline(lane)
+                    fleet.frames.kick(lane, out)
+                    fleet.readers.release_reader(lane, lease, out)
+                    fleet.retire_if_done(lane, out)
                 lease.report, lease.value = report, decoded[1]
         run_all(out)
         return lease
