@@ -21,7 +21,7 @@ from codemode import (
     WaitingResult,
 )
 from codemode.models import ModelUsage
-from codemode.outcomes import Completed, ImageOutput, JsonOutput, Telemetry, TextOutput
+from codemode.outcomes import Completed, Failed, ImageOutput, JsonOutput, Telemetry, TextOutput, Waiting
 from codemode.results import ErrorCode, ImageOutputItem, JsonOutputItem, TextOutputItem
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
@@ -132,23 +132,47 @@ def test_exec_result_is_the_union_of_the_three_shapes():
     assert set(get_args(ExecResult)) == {CompletedResult, WaitingResult, FailedResult}
 
 
-@pytest.mark.parametrize(
-    "value", [2, "text", None, True, 1.5, {"records": [{"id": 1}]}, [1, [2, {"a": None}]]], ids=repr
-)
-@pytest.mark.parametrize("usage", [None, ModelUsage(input_tokens=3, images=1)], ids=["no-usage", "usage"])
-@pytest.mark.parametrize("output", [[], [TextOutput("a"), JsonOutput({"b": 1}), ImageOutput("image/png", PNG)]])
-def test_a_completed_result_spelled_out_is_the_generic_conversion(value: Any, usage: Any, output: Any):
-    """`Completed.to_dict` and `Telemetry.to_dict` build the dict by hand (the hot path of every
-    exec): key for key, in the same order, what `msgspec.to_builtins` makes of the struct."""
-    telemetry = Telemetry(12.5, 3, 1, 2, 4096, 7, {"host": 5, "mcp": 2}, ["exec", "wait", "direct_one"], usage)
-    completed = Completed(value, telemetry, output)
-    shown = completed.to_dict()
-    generic = msgspec.to_builtins(completed)
-    assert shown == generic
-    assert list(shown) == list(generic)
-    assert list(shown["telemetry"]) == list(generic["telemetry"])
+TELEMETRIES = [
+    Telemetry(12.5, 3, 1, 2, 4096, 7, {"host": 5, "mcp": 2}, ["exec", "wait", "direct_one"]),
+    Telemetry(0.5, 0, 0, 0, 0, 0, {}, ["exec", "wait"], ModelUsage(input_tokens=3, images=1)),
+]
+OUTPUT_LISTS = [[], [TextOutput("a"), JsonOutput({"b": [1, None]}), ImageOutput("image/png", PNG)]]
+RESULTS = [
+    *(
+        Completed(value, telemetry, output)
+        for value in (2, "text", None, True, 1.5, {"records": [{"id": 1}]}, [1, [2, {"a": None}]])
+        for telemetry in TELEMETRIES
+        for output in OUTPUT_LISTS
+    ),
+    *(
+        Failed("boom", telemetry, code, output)
+        for code in (None, "timeout")
+        for telemetry in TELEMETRIES
+        for output in OUTPUT_LISTS
+    ),
+    *(
+        Waiting("run_1", reason, telemetry, calls, output, safe)
+        for reason, calls in (
+            ("yield", []),
+            ("tool calls", [{"id": "call_1", "toolId": "host:t", "method": "call", "input": {"x": [1]}}]),
+        )
+        for telemetry in TELEMETRIES
+        for output in OUTPUT_LISTS
+        for safe in (False, True)
+    ),
+]
+
+
+@pytest.mark.parametrize("result", RESULTS)
+def test_each_result_spelled_out_is_the_generic_conversion(result: Any):
+    """Each result's ``to_dict`` and `Telemetry.to_dict` build the dict by hand (the hot path of
+    every exec and wait): key for key, in the same order, what `msgspec.to_builtins` makes of
+    the struct; and the dicts and lists in it are the result's own."""
+    shown = result.to_dict()
+    generic = msgspec.to_builtins(result)
+    assert msgspec.json.encode(shown) == msgspec.json.encode(generic)  # (keys, order and types)
     check_result(shown)
-    # (The telemetry's dict and list are the result's own: changing them changes no struct.)
-    shown["telemetry"]["catalogSources"]["host"] = 0
+    shown["telemetry"]["catalogSources"]["host"] = -1
     shown["telemetry"]["modelVisibleTools"].append("x")
-    assert telemetry.catalog_sources == {"host": 5, "mcp": 2} and telemetry.model_visible_tools[-1] == "direct_one"
+    assert result.telemetry.catalog_sources.get("host") != -1
+    assert result.telemetry.model_visible_tools[-1] != "x"

@@ -77,9 +77,9 @@ class Telemetry(msgspec.Struct, rename="camel", omit_defaults=True):
     model_usage: ModelUsage | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """``msgspec.to_builtins(self)``, spelled out: it is in every result, and the generic
-        walk of the result struct was ~2% of a trivial exec after an idle pause
-        (`tests/test_results_typing.py` pins the two equal, key for key)."""
+        """``msgspec.to_builtins(self)``, spelled out, as each result's ``to_dict`` is: they are
+        in every exec and wait, and the generic walk of a result struct was ~2% of a trivial exec
+        after an idle pause (`tests/test_results_typing.py` pins each to it, key for key)."""
         shown = {
             "durationMs": self.duration_ms,
             "toolCalls": self.tool_calls,
@@ -116,7 +116,12 @@ class Failed(msgspec.Struct, tag="failed", tag_field="status", omit_defaults=Tru
     output: list[Output] = msgspec.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
+        shown: dict[str, Any] = {"status": "failed", "error": self.error, "telemetry": self.telemetry.to_dict()}
+        if self.code is not None:
+            shown["code"] = self.code
+        if self.output:
+            shown["output"] = msgspec.to_builtins(self.output)
+        return shown
 
 
 class Waiting(msgspec.Struct, tag="waiting", tag_field="status", omit_defaults=True, rename="camel"):
@@ -129,7 +134,19 @@ class Waiting(msgspec.Struct, tag="waiting", tag_field="status", omit_defaults=T
     replay_safe: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
+        shown: dict[str, Any] = {
+            "status": "waiting",
+            "runId": self.run_id,
+            "reason": self.reason,
+            "telemetry": self.telemetry.to_dict(),
+        }
+        if self.pending_tool_calls:
+            shown["pendingToolCalls"] = msgspec.to_builtins(self.pending_tool_calls)
+        if self.output:
+            shown["output"] = msgspec.to_builtins(self.output)
+        if self.replay_safe:
+            shown["replaySafe"] = True
+        return shown
 
 
 Result = Completed | Failed | Waiting
