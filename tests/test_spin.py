@@ -239,6 +239,32 @@ def test_a_worker_kept_off_the_hosts_cpu_comes_back_at_once_when_its_run_yields(
 
 
 @SPARE_CPU
+def test_a_worker_kept_off_the_hosts_cpu_comes_back_only_once_the_host_has_built_the_result(cm):
+    # Coming back lands the worker on the host's CPU: done the moment its yield was reported,
+    # the move (the migration thread's turn, then the worker's) preempted the host while it
+    # made the cell a suspended run (~20 µs, in phases). The worker waits HOST_FINISHES (0.5 ms)
+    # first: kept off when the yielding cell came, it is still off when the exec returns.
+    s = cm.session("s")
+    (pid,) = cm.inspect().worker_pids
+    host = os.sched_getaffinity(0)
+    tries = still_off = 0
+    for _ in range(30):
+        _keep_off_the_hosts_cpu(s, pid)
+        s.exec({"code": "return 1"})  # (back to back: a cell after a pause ended last, and it came back)
+        if os.sched_getaffinity(pid) == host:
+            continue
+        tries += 1
+        waiting = s.exec({"code": "await yield_control('pause'); return 5"})
+        still_off += os.sched_getaffinity(pid) != host
+        assert s.wait({"runId": waiting["runId"]})["value"] == 5
+        if tries == 5:
+            break
+    assert tries >= 3, f"the worker stayed off the host's CPU before {tries} yielding cells of 30"
+    # (Coming back at once, it was still off when the exec returned in 1-2 of 5 tries.)
+    assert still_off >= tries - 1, f"the worker came back before the exec returned {tries - still_off} times in {tries}"
+
+
+@SPARE_CPU
 def test_a_worker_kept_off_the_hosts_cpu_comes_back_at_once_when_a_cell_after_a_pause_ends(cm):
     # Cells 2 ms apart after a burst: the traffic never pauses STAY_AWAY (5 ms), and a worker
     # that waited for that kept off for good, each cell's frame waking it on a CPU of its own,

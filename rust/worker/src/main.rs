@@ -64,6 +64,13 @@ const PROMPT: Duration = Duration::from_micros(150);
 /// ms after 5 ms, 1.8 after 10, 2.4 after 50; back, 1.0, 1.0, 1.1, 1.5.
 const STAY_AWAY: Duration = Duration::from_millis(5);
 
+/// How long a worker kept off its host's CPU waits before it comes back there after a yield
+/// (a reply it did not poll after): the host is still making the cell a suspended run and its
+/// result on that CPU (~0.1-0.3 ms of Python after a burst), and a thread moved onto it then
+/// (the migration thread's turn, then its own) preempted the host, ~20 µs in phases. A frame
+/// that comes meanwhile is read where the worker is (kept off, as while the traffic is quick).
+const HOST_FINISHES: Duration = Duration::from_micros(500);
+
 const STDIN: RawFd = 0;
 const STDOUT: RawFd = 1;
 
@@ -165,7 +172,10 @@ fn serve() -> Result<(), Fatal> {
                 // (On one CPU, asked again each time: a starting worker's may be widened.)
                 several = several || (spin.is_some() && codemode_spin::several_cpus());
                 let came = spin.filter(|_| several).is_some_and(|spin| readable_soon(STDIN, SPIN, spin));
-                if codemode_spin::kept_off() && (yielded || (!was_parked && !was_quick)) {
+                if codemode_spin::kept_off()
+                    && (yielded || (!was_parked && !was_quick))
+                    && (came || spin.is_some() || !readable_within(STDIN, HOST_FINISHES))
+                {
                     // A run that yielded is resumed by a `wait`, after a model's turn; a run that
                     // ended in the frame that started it, after a pause, is no burst of back-to-
                     // back cells or tool calls (the host paused, as between a model's turns).
