@@ -220,11 +220,12 @@ def test_a_worker_kept_off_the_hosts_cpu_comes_back_when_the_traffic_pauses(cm):
 
 
 @SPARE_CPU
-def test_a_worker_kept_off_the_hosts_cpu_comes_back_at_once_when_its_run_yields(cm):
+def test_a_worker_kept_off_the_hosts_cpu_comes_back_soon_after_its_run_yields(cm):
     # A run parked on `yield_control` alone is resumed by a `wait`, a model's turn later: kept
     # off, its worker would sleep on a CPU of its own, halted by then, and that `wait` pay the
     # wake-up (suspend + resume 2 ms apart, after back-to-back cells: ~260-450 -> ~130-150 µs).
-    # It takes every CPU back before it sleeps, not STAY_AWAY (5 ms) later.
+    # It takes every CPU back before it sleeps (HOST_FINISHES, 0.5 ms, after its reply: see the
+    # next test), not STAY_AWAY (5 ms) later.
     s = cm.session("s")
     (pid,) = cm.inspect().worker_pids
     host = os.sched_getaffinity(0)
@@ -250,7 +251,9 @@ def test_a_worker_kept_off_the_hosts_cpu_comes_back_only_once_the_host_has_built
     tries = still_off = 0
     for _ in range(30):
         _keep_off_the_hosts_cpu(s, pid)
-        s.exec({"code": "return 1"})  # (back to back: a cell after a pause ended last, and it came back)
+        # (One more cell back to back: the helper's last may have followed one of its pauses,
+        # after which the worker comes back.)
+        s.exec({"code": "return 1"})
         if os.sched_getaffinity(pid) == host:
             continue
         tries += 1
