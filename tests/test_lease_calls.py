@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from codemode import CodeMode
+from codemode.protocol import MAX_VALUE_CONTAINERS
 
 TEN_CALLS = "let t = 0; for (let i = 0; i < 10; i++) t += await tools.double({x: i}); return t"
 
@@ -203,3 +204,40 @@ def test_results_past_one_settle_go_in_the_next_and_the_journal_cap_holds(make_c
     assert s.exec({"code": "return (await tools.big({n: 1})).length"})["value"] == 1
     done = s.exec({"code": code})
     assert done["value"] == [size, size, "tool result of 12582914 bytes would grow"], done
+
+
+@pytest.mark.usefixtures("unhurried_leases")
+def test_calls_answered_before_their_tool_runs_answer_alike_on_the_callers_thread(make_codemode):
+    """One batch of calls (`Dispatcher.run_plain`) whose inputs are refused (too heavy, not the
+    tool's, missing a field) between calls that run, by id and by name: the same answers, in
+    the same order, as the general way gave the first time (`Dispatcher.submit`)."""
+    cm = make_codemode({"workers": 1})
+    ran_on: list[int] = []
+
+    @cm.tool
+    def double(x: int) -> int:
+        ran_on.append(threading.get_ident())
+        return x * 2
+
+    code = f"""
+        const seen = [];
+        const track = (tag, p) => p.then((v) => seen.push([tag, v]), (e) => seen.push([tag, e.message]));
+        await Promise.all([
+          track('by id', tools.callValue('host:core:double', {{x: 1}})),
+          track('by name', tools.callValue('double', {{x: 2}})),
+          track('not its input', tools.callValue('double', {{x: 'no'}})),
+          track('too heavy', tools.callValue('double', {{x: 1, pad: Array.from({{length: {MAX_VALUE_CONTAINERS}}}, () => [])}})),
+          track('missing', tools.double({{}})),
+        ]);
+        return seen;
+    """
+    s = cm.session()
+    general = s.exec({"code": code})
+    assert ran_on and threading.get_ident() not in ran_on  # (the first time: on a pool's thread)
+    ran_on.clear()
+    here = s.exec({"code": code})
+    assert ran_on == [threading.get_ident()] * 2, "the second time, the caller's thread runs them"
+    assert here["value"] == general["value"], (here, general)
+    assert [tag for tag, _ in here["value"]] == ["not its input", "too heavy", "missing", "by id", "by name"]
+    assert here["value"][1][1].startswith("tool double: input is too heavy for the host")
+    assert here["telemetry"]["toolCalls"] == 5

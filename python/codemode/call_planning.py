@@ -219,7 +219,7 @@ class CallPlanner:
         if isinstance(found, Plan):
             return found
         tool, target = found
-        args, bound, problem = self._checked_input(tool, target, input_json)
+        args, bound, problem = self._checked_input(tool, target.args, input_json)
         if problem is not None:
             return answer(call_id, target.resolved, problem)
         runner = self._runner
@@ -298,13 +298,26 @@ class CallPlanner:
             return tool, target
         return tool, target._replace(tool_id=tool_id, resolved=resolved)
 
+    def plain_input(self, call_id: int, name: str, tool: Tool, input_json: str) -> tuple[Any, BoundCall | None] | Plan:
+        """`plan` for a call of a plain sync tool (`Dispatcher.plain_sync_tools`: the catalog
+        tool ``tool`` that ``name`` reaches, which this run may call with no hook, approval or
+        async gate, and not restart-safe), where only its input is left to weigh, decode and
+        check: the input the tool runs with (`CallRunner.run_sync`), or the call's answer."""
+        heavy = too_heavy(input_json)
+        if heavy is not None:
+            return answer(call_id, None, f"{subject(name)}: input is too heavy for the host: {heavy}")
+        args, bound, problem = self._checked_input(tool, _UNDECODED, input_json)
+        if problem is not None:
+            return answer(call_id, None if name == tool.id else tool.id, problem)
+        return args, bound
+
     @staticmethod
-    def _checked_input(tool: Tool, target: _Target, input_json: str) -> tuple[Any, BoundCall | None, str | None]:
-        """The call's input (decoded here unless its way to the tool decoded it; an MCP tool's
-        defaults filled in), its arguments when checking it converted it to the tool's
-        parameters (the run uses them unless a hook may have changed the input), and why it is
-        refused, if it is."""
-        tool_id, args = target.tool_id, target.args
+    def _checked_input(tool: Tool, args: Any, input_json: str) -> tuple[Any, BoundCall | None, str | None]:
+        """The call's input (decoded here unless its way to the tool decoded it: ``args``; an
+        MCP tool's defaults filled in), its arguments when checking it converted it to the
+        tool's parameters (the run uses them unless a hook may have changed the input), and
+        why it is refused, if it is."""
+        tool_id = tool.id  # (the catalog tool's own: `_catalog_tool` resolves a name to it)
         if args is _UNDECODED:
             try:
                 args = _decode(input_json)

@@ -11,6 +11,8 @@ It is the facade over four parts, each with one job::
 
 ``submit`` and ``release`` never run host code themselves: what runs the sync tools among the
 calls comes back to the caller (`tool_starts`), which runs it on a thread of its choosing.
+``run_plain`` is ``submit`` and that run in one, for a caller that has chosen its own thread
+(calls of plain sync tools: `plain_sync_tools`).
 """
 
 from __future__ import annotations
@@ -171,6 +173,39 @@ class Dispatcher:
                 self.resolved[call_id] = plan.resolved
             plans.append((call_id, plan))
         return self._launch(plans)
+
+    def run_plain(self, calls: list[tuple[int, str, str]], tools: list[str]) -> None:
+        """`submit` for calls that each reach a plain sync tool (``tools``: their ids, as
+        `plain_sync_tools` gave them), and the run of their tools, here and now (the caller
+        chose its thread: `ToolStarter.run_here`): all are planned (`CallPlanner.plain_input`),
+        then their tools run, their results landing as `submit`'s would (those answered before
+        their tool ran first). Never raises for a guest value, as `submit`."""
+        planner, runner, _ = self._built()
+        known, resolved = self.view.tools, self.resolved
+        answered: list[CallResult] = []
+        runs = []
+        for (call_id, name, input_json), tool_id in zip(calls, tools, strict=True):
+            tool = known[tool_id]
+            try:
+                checked = planner.plain_input(call_id, name, tool, input_json)
+            except BaseException as e:  # the one guard over a guest value's way into the host
+                checked = answer(call_id, None, planning_failure(subject(name), e))
+            if isinstance(checked, Plan):
+                if checked.resolved is not None:
+                    resolved[call_id] = checked.resolved
+                answered.append(checked.run())  # type: ignore[arg-type]
+                continue
+            if name != tool_id:
+                resolved[call_id] = tool_id  # (an exact tool name stands for its one id)
+            runs.append((call_id, tool, checked))
+        if answered:
+            self._results.add(answered)
+        results = []
+        for call_id, tool, (args, bound) in runs:
+            result = runner.run_sync(call_id, tool, args, bound=bound)
+            if result is not None:  # (None: filed for a later approval, which a plain tool needs not)
+                results.append(result)
+        self._results.add(results)
 
     def plain_sync_tools(self, calls: list[protocol.Call]) -> list[str] | None:
         """The catalog ids the calls reach, if each names (by id, or by a name with one id) a

@@ -164,10 +164,18 @@ class ToolStarter:
     def run_here(self, run: Run, calls: list[tuple[int, str, str]], tools: list[str]) -> None:
         """Starts the run's calls on this thread, each a sync tool (``tools``, as
         `Dispatcher.plain_sync_tools` found them) that was quick last time: they run here, at
-        once and timed, their results ready for the run (`Supervisor._lease_calls`)."""
-        inline = run.dispatcher.submit(calls)
-        if inline is not None:
-            self._timed(run, inline, tools, False)
+        once (`Dispatcher.run_plain`), their results ready for the run, and how long they took
+        is remembered before the caller sends those (`Supervisor._lease_calls`)."""
+        started = time.perf_counter()
+        try:
+            run.dispatcher.run_plain(calls, tools)
+        finally:
+            self._took(tools, time.perf_counter() - started)
+
+    def _took(self, tools: list[str], took: float) -> None:
+        """A batch with these sync tools (catalog ids: one entry each) took ``took`` seconds."""
+        for tool in tools:
+            self._tool_took[tool] = took
 
     def _lone_on_this_thread(self, run: Run, waiter: Waiter, out: Out) -> bool:
         """Under the lock: whether the run's quick sync tools may run right here, on its
@@ -224,9 +232,7 @@ class ToolStarter:
         def ran() -> None:
             nonlocal timed
             timed = True
-            took = time.perf_counter() - started
-            for tool in tools:  # (catalog ids: as many as there are tools)
-                self._tool_took[tool] = took
+            self._took(tools, time.perf_counter() - started)
 
         try:
             inline(ran)
