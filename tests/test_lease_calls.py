@@ -219,6 +219,7 @@ def test_calls_answered_before_their_tool_runs_answer_alike_on_the_callers_threa
         ran_on.append(threading.get_ident())
         return x * 2
 
+    heavy = MAX_VALUE_CONTAINERS  # (with the input's own object, one container too many)
     code = f"""
         const seen = [];
         const track = (tag, p) => p.then((v) => seen.push([tag, v]), (e) => seen.push([tag, e.message]));
@@ -226,7 +227,7 @@ def test_calls_answered_before_their_tool_runs_answer_alike_on_the_callers_threa
           track('by id', tools.callValue('host:core:double', {{x: 1}})),
           track('by name', tools.callValue('double', {{x: 2}})),
           track('not its input', tools.callValue('double', {{x: 'no'}})),
-          track('too heavy', tools.callValue('double', {{x: 1, pad: Array.from({{length: {MAX_VALUE_CONTAINERS}}}, () => [])}})),
+          track('too heavy', tools.callValue('double', {{x: 1, pad: Array.from({{length: {heavy}}}, () => [])}})),
           track('missing', tools.double({{}})),
         ]);
         return seen;
