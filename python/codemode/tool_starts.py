@@ -220,7 +220,10 @@ class ToolStarter:
         for good; a tool that is slow stays on the pool)."""
         took = self._tool_took
         limit = QUICK_TOOL_S
-        return bool(tools) and all(took.get(tool, limit + 1) <= limit for tool in tools)
+        for tool in tools:  # (a loop, not all() over a generator: this runs before every quick call)
+            if took.get(tool, limit + 1) > limit:
+                return False
+        return bool(tools)
 
     def _timed(self, run: Run, inline: InlineCalls, tools: list[str], lent: bool) -> None:
         """Runs a batch of sync tools and remembers, for each, how long the batch took (before
