@@ -227,7 +227,10 @@ class Dispatcher:
     def _plain_tool(self, name: str) -> str | None:
         """The id of the catalog tool ``name`` reaches (`CatalogView.reached`, as `CallPlanner`
         takes it), if it is a sync host tool the gate lets through untouched
-        (`CallGate.passes`) and the run is not restart-safe; else None."""
+        (`CallGate.passes`) and the run is not restart-safe; else None. (The ids `CallPlanner.plan`
+        answers before the catalog, of ``readOutput``, ``models``, ``agents``, ``MCP`` and
+        namespace calls, start with NUL, which no tool's name or id holds: none reaches a tool,
+        so `run_plain`, which skips those steps, never meets one.)"""
         if self._setup[3]:  # (restart-safe: its calls' tools are checked read-only as planned)
             return None
         tool = self.view.reached(name)
