@@ -257,8 +257,8 @@ def test_a_worker_kept_off_the_hosts_cpu_comes_back_only_once_the_host_has_built
     tries = still_off = 0
     for _ in range(30):
         _keep_off_the_hosts_cpu(s, pid)
-        # (One more cell back to back: the helper's last may have followed one of its pauses,
-        # after which the worker comes back.)
+        # (One more cell back to back, as in a burst: kept off after the helper's tool calls, the
+        # worker stays off for it, and the yielding cell below comes while it is.)
         s.exec({"code": "return 1"})
         if os.sched_getaffinity(pid) == host:
             continue

@@ -178,8 +178,10 @@ pub fn readable_soon(fd: RawFd, window: Duration, spin: Spin) -> bool {
     let (mut moved, mut just_moved) = (false, false);
     let started_on = if spin == Spin::Moving { current_cpu() } else { None };
     let mut long_yields = 0;
-    // (Asked again only after a long yield: a syscall on every turn would slow the poll.)
-    let mut switched = switches();
+    // This thread's switches before its first yield, read then (a poll that finds its frame at
+    // once, or a busy one, asks nothing), and again only after a long yield: a syscall on every
+    // turn would slow the poll.
+    let mut switched: Option<Option<libc::c_long>> = None;
     loop {
         // SAFETY: one valid pollfd; a zero timeout never blocks.
         if unsafe { libc::poll(&mut pfd, 1, 0) } != 0 {
@@ -192,6 +194,7 @@ pub fn readable_soon(fd: RawFd, window: Duration, spin: Spin) -> bool {
         match spin {
             Spin::Busy => std::hint::spin_loop(),
             Spin::Yielding | Spin::Moving => {
+                let before = *switched.get_or_insert_with(switches);
                 // SAFETY: no arguments; it cannot fail on Linux.
                 unsafe { libc::sched_yield() };
                 // (The first turn after a move is not judged: the CPU moved to may have been
@@ -201,8 +204,8 @@ pub fn readable_soon(fd: RawFd, window: Duration, spin: Spin) -> bool {
                     // (Long only if another task ran: this thread was switched out since the
                     // last look, which was at most a few short yields ago.)
                     let now_switched = switches();
-                    long = now_switched.is_none() || now_switched != switched;
-                    switched = now_switched;
+                    long = now_switched.is_none() || now_switched != before;
+                    switched = Some(now_switched);
                 }
                 just_moved = false;
                 long_yields += usize::from(long);
@@ -213,7 +216,7 @@ pub fn readable_soon(fd: RawFd, window: Duration, spin: Spin) -> bool {
                     // (The kernel may have moved it meanwhile, to the CPU that idled.)
                     if current_cpu() != started_on || move_off_this_cpu() {
                         (moved, just_moved, long_yields) = (true, true, 0);
-                        switched = switches(); // (the move switched this thread out)
+                        switched = Some(switches()); // (the move switched this thread out)
                         continue;
                     }
                 }
