@@ -8,7 +8,10 @@ must see what it sees on a first cell, and memory must be back to where it start
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -121,3 +124,76 @@ def test_a_thousand_mixed_cells_back_to_back_each_start_pristine(fs):
             assert oom.get("code") == "memory_limit_exceeded", oom
         else:
             assert value(fs, PROBE) == clean, f"cell {i}"
+
+
+def _suspended(cm: CodeMode, cells: list[str]) -> list[dict[str, Any]]:
+    """Each cell run to its `yield_control`: all of them parked at once, each on its own heap
+    (ten to a session: a session holds at most 16 suspended runs)."""
+    sessions = [cm.session(f"burst-{i // 10}") for i in range(len(cells))]
+    waiting = [run(session, cell) for session, cell in zip(sessions, cells, strict=True)]
+    assert [w["status"] for w in waiting] == ["waiting"] * len(cells), waiting[:2]
+    return [session.wait({"runId": w["runId"]}) for session, w in zip(sessions, waiting, strict=True)]
+
+
+def test_after_a_burst_of_runs_parked_at_once_every_kept_heap_starts_the_next_burst_pristine(fcm, fs):
+    # A worker keeps the heaps of a burst ready (reset) for the next one (rust/worker/src/pool.rs):
+    # many heaps, each dirtied by its own run, each handed to another cell of the next burst.
+    clean = value(fs, PROBE)
+    n = 40
+    dirty = _suspended(
+        fcm, [POLLUTE + f"globalThis.mine = {i}; await yield_control('x'); return mine" for i in range(n)]
+    )
+    assert [d["value"] for d in dirty] == list(range(n))
+    probe = f"const seen = (function () {{ {PROBE} }})(); await yield_control('x'); return [seen, typeof mine]"
+    for round_ in range(2):
+        seen = _suspended(fcm, [probe] * n)
+        assert [s["value"] for s in seen] == [[clean, "undefined"]] * n, f"round {round_}"
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def test_a_worker_quiet_after_a_burst_gives_the_memory_of_its_kept_heaps_back():
+    # Kept ready past the burst, its heaps hold memory; after `SHED_AFTER` (5 s) with no frame
+    # the worker discards all but a few, and the system allocator's free pages go back too:
+    # most of what the burst took.
+    parked = 150
+
+    async def burst(cm: CodeMode) -> list[Any]:
+        gate, entered = asyncio.Event(), []
+
+        @cm.tool
+        async def held(i: int) -> int:
+            entered.append(i)
+            await gate.wait()
+            return i
+
+        session = cm.session("quiet")
+        cell = "globalThis.x = 'y'.repeat(1 << 16) + Math.random(); return await tools.held({i: %d})"
+        runs = [asyncio.create_task(session.exec_async({"code": cell % i})) for i in range(parked)]
+        while len(entered) < parked:
+            await asyncio.sleep(0.01)
+        gate.set()
+        return [r["value"] for r in await asyncio.gather(*runs)]
+
+    with CodeMode({"workers": 1, "timeoutMs": 20000}) as cm:
+        session = cm.session("probe")
+        clean = value(session, PROBE)
+        (pid,) = cm.inspect().worker_pids
+        time.sleep(0.1)
+        baseline = _rss_kib(pid)
+        assert asyncio.run(burst(cm)) == list(range(parked))
+        after_burst = _rss_kib(pid)
+        assert after_burst > baseline + (40 << 10), (baseline, after_burst)
+        # (Measured: ~4 -> ~130 MB after the burst, ~31 MB once quiet, whatever the bursts
+        # before; the worker of before kept what its allocator held, ~70 MB, for good.)
+        given_back = lambda: after_burst - _rss_kib(pid) >= (after_burst - baseline) * 2 // 3  # noqa: E731
+        deadline = time.monotonic() + 15
+        while not given_back() and time.monotonic() < deadline:
+            time.sleep(0.25)
+        assert given_back(), (baseline, after_burst, _rss_kib(pid))
+        assert value(session, PROBE) == clean

@@ -71,6 +71,11 @@ const STAY_AWAY: Duration = Duration::from_millis(5);
 /// that comes meanwhile is read where the worker is (kept off, as while the traffic is quick).
 const HOST_FINISHES: Duration = Duration::from_micros(500);
 
+/// How long a worker with more pristine heaps ready than it always keeps (those of a burst of
+/// runs) waits for a frame before it gives their memory back (`Worker::shed`): bursts closer
+/// than this (a busy host's turns) each start on reset heaps, not built ones.
+const SHED_AFTER: Duration = Duration::from_secs(5);
+
 const STDIN: RawFd = 0;
 const STDOUT: RawFd = 1;
 
@@ -106,9 +111,9 @@ fn send(frame: &WorkerFrame) -> Result<(), Fatal> {
 }
 
 /// The worker's loop: until end of file (where it exits), read a frame, serve it, reply.
-fn serve() -> Result<(), Fatal> {
+fn serve(memory_cap: u64) -> Result<(), Fatal> {
     let mut reader = FrameReader::new(STDIN);
-    let mut worker = Worker::new();
+    let mut worker = Worker::new(usize::try_from(memory_cap).unwrap_or(usize::MAX));
     send(&WorkerFrame::Ready(Ready {
         pid: std::process::id().into(),
         engine_version: env!("CARGO_PKG_VERSION").into(),
@@ -195,6 +200,9 @@ fn serve() -> Result<(), Fatal> {
                     // (A frame that came meanwhile is read at once, kept off.)
                     codemode_spin::come_back();
                 }
+                if !came && worker.can_shed() && !readable_within(STDIN, SHED_AFTER) {
+                    worker.shed();
+                }
                 match reader.read_blocking()? {
                     Some(len) => (len, came),
                     // Nothing is left to do: the resident engines need no teardown.
@@ -277,7 +285,7 @@ fn run() -> Result<(), Fatal> {
     let cpu_seconds = arg(&args, 2, 3600)?;
     limit(libc::RLIMIT_DATA, memory_cap)?;
     limit(libc::RLIMIT_CPU, cpu_seconds)?;
-    serve()
+    serve(memory_cap)
 }
 
 fn main() -> ExitCode {

@@ -5,13 +5,17 @@
 //!                                   ──or──> a plain Engine on the system heap (no arena left)
 //!   run ends ──> retire ──> finished ──idle──> reset (copy the image back) ──> ready
 //!                                    └──a run starts first, none ready: reuse_finished (reset) ──> ready
-//!                                    └──idle──> discard (configuration changed, enough ready)
+//!                                    └──idle──> discard (configuration changed, no room ready)
+//!   ready ──quiet for SHED_AFTER (main.rs)──> shed: all but MIN_READY discarded
 //! ```
 //!
 //! A heap (`codemode_engine::arena::Heap`) holds one engine in its own fixed-address arena;
 //! resetting it copies back the image taken after the prelude was installed, so every cell
 //! still starts on a fresh heap, and back to back a cell costs a copy (~5-30 µs) instead of an
-//! engine build and drop (~0.4 ms). Parked and suspended runs keep their heaps; a finished
+//! engine build and drop (~0.4 ms). After a burst of runs parked at once (a host's many
+//! conversations, each awaiting its tools), their heaps are kept ready, reset, within a memory
+//! budget: the next burst costs a copy a run, not a build (256 cells awaiting two tools, 2
+//! workers: ~0.3 s of worker CPU a batch -> ~0.1 s). Parked and suspended runs keep their heaps; a finished
 //! run's heap is reset only in idle work, never while a report of it may still be alive (the
 //! arena's contract). Any end — completed, failed, out of memory, interrupted, a stack overflow
 //! — is followed by a reset before reuse: a heap is never handed out dirty. When arenas are
@@ -21,8 +25,14 @@
 use codemode_engine::arena::{Heap, HeapError, SLOTS};
 use codemode_engine::Engine;
 
-/// Pristine heaps kept ready at most; a finished heap past this is discarded.
-const MAX_READY: usize = 4;
+/// Pristine heaps kept ready however quiet the worker is.
+const MIN_READY: usize = 4;
+/// Bytes the ready heaps may hold together (each its committed pages and its image, both
+/// counted by RLIMIT_DATA; the first `MIN_READY` are kept whatever they hold), and at most this
+/// share of the worker's memory cap: the host's cap leaves 2 GiB past its runs' QuickJS heaps
+/// for all such (workers.py, `WORKER_MEMORY_SLACK`). A heap holds ~0.5-1.5 MB.
+const READY_BYTES: usize = 256 << 20;
+const READY_SHARE_OF_CAP: usize = 8;
 
 /// A run's engine: in its own arena, or (the fallback) on the system heap.
 pub enum Sandbox {
@@ -44,6 +54,9 @@ pub struct HeapPool {
     /// Bumped when the configuration changes: heaps built before are not reused.
     generation: u64,
     ready: Vec<Heap<Engine>>,
+    /// What the ready heaps hold (`held`), and may hold (`READY_BYTES`).
+    ready_bytes: usize,
+    ready_budget: usize,
     /// Heaps of ended runs (and of an old configuration), reset or discarded in idle work.
     finished: Vec<(Heap<Engine>, u64)>,
     /// Plain engines of ended runs, dropped in idle work.
@@ -53,29 +66,37 @@ pub struct HeapPool {
     max_heaps: usize,
     /// False once arenas proved unavailable in this process: plain engines from then on.
     heaps: bool,
+    /// Memory was freed since the worker last gave the system allocator's free pages back.
+    untrimmed: bool,
 }
 
 impl HeapPool {
-    pub fn new() -> HeapPool {
-        HeapPool::with_max_heaps(SLOTS)
+    /// A pool for a worker whose memory cap (RLIMIT_DATA) is `memory_cap` bytes.
+    pub fn new(memory_cap: usize) -> HeapPool {
+        HeapPool::with_limits(SLOTS, READY_BYTES.min(memory_cap / READY_SHARE_OF_CAP))
     }
 
-    /// A pool that holds at most `max_heaps` heaps at once; runs past that get plain engines.
-    pub fn with_max_heaps(max_heaps: usize) -> HeapPool {
+    /// A pool that holds at most `max_heaps` heaps at once (runs past that get plain engines),
+    /// its ready ones at most `ready_budget` bytes (but `MIN_READY` of them whatever they hold).
+    pub fn with_limits(max_heaps: usize, ready_budget: usize) -> HeapPool {
         HeapPool {
             generation: 0,
             ready: Vec::new(),
+            ready_bytes: 0,
+            ready_budget,
             finished: Vec::new(),
             retired: Vec::new(),
             live: 0,
             max_heaps,
             heaps: true,
+            untrimmed: false,
         }
     }
 
     /// A pristine engine for a new run: a ready heap, a new one, or a plain engine.
     pub fn take(&mut self, build: &dyn Fn() -> Result<Engine, String>) -> Result<Sandbox, String> {
         if let Some(heap) = self.ready.pop() {
+            self.ready_bytes -= held(&heap);
             return Ok(Sandbox::Heap { heap, generation: self.generation });
         }
         if let Some(heap) = self.new_heap(build) {
@@ -113,7 +134,42 @@ impl HeapPool {
     pub fn configure(&mut self) {
         let stale = self.generation;
         self.generation += 1;
+        self.ready_bytes = 0;
         self.finished.extend(self.ready.drain(..).map(|heap| (heap, stale)));
+    }
+
+    /// Makes `heap` (reset) ready.
+    fn make_ready(&mut self, heap: Heap<Engine>) {
+        self.ready_bytes += held(&heap);
+        self.ready.push(heap);
+    }
+
+    /// Whether a reset `heap` has room among the ready ones.
+    fn room_for(&self, heap: &Heap<Engine>) -> bool {
+        self.ready.len() < MIN_READY || self.ready_bytes + held(heap) <= self.ready_budget
+    }
+
+    /// Whether a quiet worker has memory to give back (`shed`): more heaps than `MIN_READY`
+    /// ready, or heaps and engines freed since it last did.
+    pub fn can_shed(&self) -> bool {
+        self.untrimmed || self.ready.len() > MIN_READY
+    }
+
+    /// The worker has been quiet a while: its ready heaps past `MIN_READY` are discarded, and
+    /// the system allocator gives the pages it holds free back (the heaps' images, engines on
+    /// the system heap: after a burst of a thousand runs, ~150 MB a worker kept for good).
+    pub fn shed(&mut self) {
+        while self.ready.len() > MIN_READY {
+            let Some(heap) = self.ready.pop() else { break };
+            self.ready_bytes -= held(&heap);
+            // SAFETY: a ready heap is pristine (reset, and used by no run since): nothing
+            // allocated in its arena is alive outside it.
+            unsafe { heap.discard() };
+            self.live -= 1;
+        }
+        // SAFETY: no arguments that point anywhere; glibc's allocator is the system one here.
+        unsafe { libc::malloc_trim(0) };
+        self.untrimmed = false;
     }
 
     /// Resets the finished heaps of this configuration into the ready set when none is ready:
@@ -132,7 +188,7 @@ impl HeapPool {
             let (mut heap, _) = self.finished.swap_remove(at);
             // SAFETY: the caller's contract.
             unsafe { heap.reset() };
-            self.ready.push(heap);
+            self.make_ready(heap);
         }
     }
 
@@ -141,30 +197,40 @@ impl HeapPool {
     }
 
     /// Work done between frames: free plain engines, reset finished heaps into the ready set
-    /// (or discard them), and build one ready heap when none is left.
+    /// while it has room (`room_for`; else discard them), and build one ready heap when none
+    /// is left.
     ///
     /// # Safety
     /// No value allocated in a finished heap's arena is alive outside it: the reports of the
     /// runs that ended were sent and dropped.
     pub unsafe fn idle(&mut self, build: Option<&dyn Fn() -> Result<Engine, String>>) {
+        self.untrimmed |= !self.retired.is_empty();
         self.retired.clear();
         for (mut heap, generation) in std::mem::take(&mut self.finished) {
-            if generation == self.generation && self.ready.len() < MAX_READY {
+            if generation == self.generation {
                 // SAFETY: the caller's contract.
                 unsafe { heap.reset() };
-                self.ready.push(heap);
-            } else {
-                // SAFETY: the caller's contract.
-                unsafe { heap.discard() };
-                self.live -= 1;
+                if self.room_for(&heap) {
+                    self.make_ready(heap);
+                    continue;
+                }
             }
+            // SAFETY: the caller's contract.
+            unsafe { heap.discard() };
+            self.live -= 1;
+            self.untrimmed = true;
         }
         if let (Some(build), true) = (build, self.ready.is_empty()) {
             if let Some(heap) = self.new_heap(build) {
-                self.ready.push(heap);
+                self.make_ready(heap);
             }
         }
     }
+}
+
+/// The memory a ready heap holds: its arena's committed pages and its image.
+fn held(heap: &Heap<Engine>) -> usize {
+    heap.committed_bytes() + heap.image_bytes()
 }
 
 #[cfg(test)]
@@ -190,7 +256,7 @@ mod tests {
 
     #[test]
     fn a_finished_heap_is_reset_while_idle_and_reused_pristine() {
-        let mut pool = HeapPool::new();
+        let mut pool = HeapPool::new(4 << 30);
         let mut first = pool.take(&build).unwrap_or_else(|e| panic!("{e}"));
         assert!(matches!(first, Sandbox::Heap { .. }), "the arena allocator is installed in this binary");
         assert_eq!(start(&mut first, "globalThis.leak = 1; return 1"), "1");
@@ -206,7 +272,7 @@ mod tests {
 
     #[test]
     fn a_run_right_after_one_that_ended_reuses_its_heap_reset_not_a_new_one() {
-        let mut pool = HeapPool::new();
+        let mut pool = HeapPool::new(4 << 30);
         let mut first = pool.take(&build).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(start(&mut first, "globalThis.leak = 1; Object.prototype.x = 2; return 1"), "1");
         pool.retire(first);
@@ -217,9 +283,80 @@ mod tests {
         assert_eq!(pool.live, 1, "the finished heap was reset and reused, not a new one built");
     }
 
+    /// Takes `n` engines, runs a cell that leaves state behind in each, and retires them all.
+    fn burst(pool: &mut HeapPool, n: usize) {
+        let mut taken = Vec::new();
+        for i in 0..n {
+            let mut sandbox = pool.take(&build).unwrap_or_else(|e| panic!("{e}"));
+            assert!(matches!(sandbox, Sandbox::Heap { .. }));
+            let cell = format!("globalThis.leak = {i}; Array.prototype.extra = 1; return {i}");
+            assert_eq!(start(&mut sandbox, &cell), i.to_string());
+            taken.push(sandbox);
+        }
+        for sandbox in taken {
+            pool.retire(sandbox);
+        }
+    }
+
+    #[test]
+    fn the_heaps_of_a_burst_are_kept_ready_and_the_next_burst_builds_none() {
+        let mut pool = HeapPool::new(4 << 30);
+        burst(&mut pool, 3 * MIN_READY);
+        // SAFETY: `start` copied each value outside the arena.
+        unsafe { pool.idle(Some(&build)) };
+        assert_eq!((pool.ready.len(), pool.live), (3 * MIN_READY, 3 * MIN_READY));
+        assert_eq!(pool.ready_bytes, pool.ready.iter().map(held).sum::<usize>());
+        let mut again = Vec::new();
+        for _ in 0..3 * MIN_READY {
+            let mut sandbox = pool.take(&build).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(start(&mut sandbox, "return [typeof leak, [].extra === undefined]"), r#"["undefined",true]"#);
+            again.push(sandbox);
+        }
+        assert_eq!(pool.live, 3 * MIN_READY, "each run got a reset heap, none was built");
+        assert_eq!((pool.ready.len(), pool.ready_bytes), (0, 0));
+    }
+
+    #[test]
+    fn ready_heaps_past_the_few_always_kept_stay_within_their_memory_budget() {
+        let mut pool = HeapPool::with_limits(SLOTS, 0);
+        burst(&mut pool, MIN_READY + 3);
+        // SAFETY: `start` copied each value outside the arena.
+        unsafe { pool.idle(Some(&build)) };
+        assert_eq!((pool.ready.len(), pool.live), (MIN_READY, MIN_READY), "the rest were discarded");
+
+        let mut roomy = HeapPool::with_limits(SLOTS, 0);
+        burst(&mut roomy, 1);
+        // SAFETY: as above.
+        unsafe { roomy.idle(None) };
+        let one = roomy.ready_bytes;
+        let mut pool = HeapPool::with_limits(SLOTS, (MIN_READY + 2) * one + one / 2);
+        burst(&mut pool, MIN_READY + 5);
+        // SAFETY: as above.
+        unsafe { pool.idle(None) };
+        assert!((MIN_READY + 1..=MIN_READY + 3).contains(&pool.ready.len()), "{} ready", pool.ready.len());
+        assert!(pool.ready_bytes <= (MIN_READY + 2) * one + one / 2);
+        assert_eq!(pool.live, pool.ready.len(), "the rest were discarded");
+    }
+
+    #[test]
+    fn a_quiet_pool_sheds_its_surplus_ready_heaps_and_keeps_the_few() {
+        let mut pool = HeapPool::new(4 << 30);
+        assert!(!pool.can_shed());
+        burst(&mut pool, MIN_READY + 6);
+        // SAFETY: `start` copied each value outside the arena.
+        unsafe { pool.idle(None) };
+        assert!(pool.can_shed());
+        pool.shed();
+        assert_eq!((pool.ready.len(), pool.live), (MIN_READY, MIN_READY));
+        assert_eq!(pool.ready_bytes, pool.ready.iter().map(held).sum::<usize>());
+        assert!(!pool.can_shed(), "nothing more to give back");
+        let mut sandbox = pool.take(&build).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(start(&mut sandbox, "return typeof leak"), "\"undefined\"");
+    }
+
     #[test]
     fn past_its_heaps_the_pool_falls_back_to_plain_engines_that_work() {
-        let mut pool = HeapPool::with_max_heaps(1);
+        let mut pool = HeapPool::with_limits(1, READY_BYTES);
         let mut held = pool.take(&build).unwrap_or_else(|e| panic!("{e}"));
         let mut plain = pool.take(&build).unwrap_or_else(|e| panic!("{e}"));
         assert!(matches!(held, Sandbox::Heap { .. }));
@@ -236,7 +373,7 @@ mod tests {
 
     #[test]
     fn a_new_configuration_discards_ready_heaps_and_heaps_built_before_it() {
-        let mut pool = HeapPool::new();
+        let mut pool = HeapPool::new(4 << 30);
         let mut running = pool.take(&build).unwrap_or_else(|e| panic!("{e}"));
         // SAFETY: nothing was run in the pool's heaps yet.
         unsafe { pool.idle(Some(&build)) };

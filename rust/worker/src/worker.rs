@@ -117,12 +117,13 @@ fn pending(outcome: &Outcome) -> bool {
 }
 
 impl Worker {
-    pub fn new() -> Worker {
+    /// A worker whose memory cap (RLIMIT_DATA) is `memory_cap` bytes.
+    pub fn new(memory_cap: usize) -> Worker {
         Worker {
             config: None,
             catalog: None,
             semantic: (Vec::new(), None),
-            pool: HeapPool::new(),
+            pool: HeapPool::new(memory_cap),
             resident: HashMap::new(),
         }
     }
@@ -293,6 +294,17 @@ impl Worker {
 
     pub fn has_idle_work(&self) -> bool {
         self.pool.has_idle_work(self.config.is_some())
+    }
+
+    /// Whether a quiet worker has memory to give back (`shed`).
+    pub fn can_shed(&self) -> bool {
+        self.pool.can_shed()
+    }
+
+    /// The worker has been quiet a while: it gives back what its ready heaps past the few it
+    /// always keeps, and its freed engines and heaps, held.
+    pub fn shed(&mut self) {
+        self.pool.shed();
     }
 
     /// Work done between frames: reset or free the engines of ended runs, have the next one
