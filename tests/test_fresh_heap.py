@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from codemode import CodeMode, Session
+from codemode import CodeMode, Session, workers
 
 #: What a first cell sees of the globals, the prototypes and the symbol registry.
 PROBE = """return [
@@ -157,10 +157,11 @@ def _rss_kib(pid: int) -> int:
     raise AssertionError(f"no VmRSS for {pid}")
 
 
-def test_a_worker_quiet_after_a_burst_gives_the_memory_of_its_kept_heaps_back():
-    # Kept ready past the burst, its heaps hold memory; after `SHED_AFTER` (5 s) with no frame
-    # the worker discards all but a few, and the system allocator's free pages go back too:
-    # most of what the burst took.
+def test_a_worker_quiet_after_a_burst_gives_the_memory_of_its_kept_heaps_back(monkeypatch):
+    # Kept ready past the burst, its heaps hold memory; after `WORKER_SHED_AFTER_S` with no
+    # frame (60 s; 2 s here) the worker discards all but a few, and the system allocator's free
+    # pages go back too: most of what the burst took.
+    monkeypatch.setattr(workers, "WORKER_SHED_AFTER_S", 2.0)
     parked = 150
 
     async def burst(cm: CodeMode) -> list[Any]:

@@ -41,7 +41,7 @@ import msgspec
 from . import protocol
 from .errors import WorkerCrashed
 from .extras import explained
-from .workers import WORKER_BINARY, WORKER_CPU_SECONDS, FrameSource, Worker, popen_worker, write_before
+from .workers import WORKER_CPU_SECONDS, FrameSource, Worker, popen_worker, worker_argv, write_before
 
 __all__ = ["RayPlacement", "RayWorker", "WorkerActor"]
 
@@ -76,7 +76,7 @@ class WorkerActor:
 
     @staticmethod
     def _start(memory_bytes: int, cpu_seconds: int) -> subprocess.Popen[bytes]:
-        argv = [str(WORKER_BINARY), str(memory_bytes), str(cpu_seconds)]
+        argv = worker_argv(memory_bytes, cpu_seconds)
         setpriv = shutil.which("setpriv")
         if setpriv is not None:
             argv = [setpriv, "--pdeathsig", "KILL", "--", *argv]

@@ -41,7 +41,7 @@ from .hotloop import SPINS
 if TYPE_CHECKING:
     from .runs import Run
 
-__all__ = ["FrameSource", "Inflight", "Lane", "Worker", "WorkerProcess", "popen_worker", "write_before"]
+__all__ = ["FrameSource", "Inflight", "Lane", "Worker", "WorkerProcess", "popen_worker", "worker_argv", "write_before"]
 
 #: RLIMIT_DATA (the memory a worker may write) on top of what its resident runtimes may hold
 #: together: QuickJS heaps are capped by their own allocator; this bounds the rest (arena images,
@@ -50,6 +50,10 @@ __all__ = ["FrameSource", "Inflight", "Lane", "Worker", "WorkerProcess", "popen_
 WORKER_MEMORY_SLACK = 2 << 30
 #: RLIMIT_CPU (seconds) for a worker; it is recycled well before it could reach this.
 WORKER_CPU_SECONDS = 3600
+#: How long a worker waits with no frame before it gives back the memory of the engines it kept
+#: ready past a burst of runs (rust/worker/src/pool.rs): longer than a model's turn, so that a
+#: host whose many conversations take their turns together starts each burst on reset engines.
+WORKER_SHED_AFTER_S = 60.0
 
 #: The worker binary (rust/worker), built next to the package by ``make build`` and shipped in
 #: the wheel. Missing, every spawn fails with an ``OSError``: runs fail ``runtime_unavailable``.
@@ -101,6 +105,12 @@ class FrameSource:
                     raise self._bad from None
                 break
         return True, frames
+
+
+def worker_argv(memory_bytes: int, cpu_seconds: int) -> list[str]:
+    """The command line of a worker (rust/worker/src/main.rs): its memory and CPU limits, and
+    when it sheds the engines it kept ready (`WORKER_SHED_AFTER_S`, in ms)."""
+    return [str(WORKER_BINARY), str(memory_bytes), str(cpu_seconds), str(round(WORKER_SHED_AFTER_S * 1000))]
 
 
 def popen_worker(argv: list[str]) -> subprocess.Popen[bytes]:
@@ -193,7 +203,7 @@ class WorkerProcess(FrameSource):
     """One worker subprocess on this machine, and the framing on its pipes."""
 
     def __init__(self, memory_bytes: int) -> None:
-        self.proc = popen_worker([str(WORKER_BINARY), str(memory_bytes), str(WORKER_CPU_SECONDS)])
+        self.proc = popen_worker(worker_argv(memory_bytes, WORKER_CPU_SECONDS))
         assert self.proc.stdin is not None and self.proc.stdout is not None
         #: The CPUs it may use once it is up (`booted`); until then, not the spawner's.
         self._cpus = _start_elsewhere(self.proc.pid)

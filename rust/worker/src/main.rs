@@ -7,8 +7,11 @@
 //! ```
 //!
 //! Started by the supervisor (python/codemode/workers.py) as `codemode-worker MEMORY_BYTES
-//! CPU_SECONDS`, with an empty environment, in its own process group; it sets RLIMIT_DATA and
-//! RLIMIT_CPU from those two before anything else. RLIMIT_DATA, not RLIMIT_AS: each engine
+//! CPU_SECONDS SHED_AFTER_MS`, with an empty environment, in its own process group; it sets
+//! RLIMIT_DATA and RLIMIT_CPU from the first two before anything else. The third is how long it
+//! waits with no frame before it gives back the memory of the heaps it kept ready past a burst
+//! of runs (`Worker::shed`): bursts closer than that (a busy host's turns) each start on reset
+//! heaps, not built ones. RLIMIT_DATA, not RLIMIT_AS: each engine
 //! lives in a fixed-address arena (codemode_engine::arena; the global allocator below) carved
 //! from one reservation of several TiB of `PROT_NONE` address space, which RLIMIT_AS would
 //! refuse; RLIMIT_DATA counts what the worker can actually write (committed private memory:
@@ -71,11 +74,6 @@ const STAY_AWAY: Duration = Duration::from_millis(5);
 /// that comes meanwhile is read where the worker is (kept off, as while the traffic is quick).
 const HOST_FINISHES: Duration = Duration::from_micros(500);
 
-/// How long a worker with more pristine heaps ready than it always keeps (those of a burst of
-/// runs) waits for a frame before it gives their memory back (`Worker::shed`): bursts closer
-/// than this (a busy host's turns) each start on reset heaps, not built ones.
-const SHED_AFTER: Duration = Duration::from_secs(5);
-
 const STDIN: RawFd = 0;
 const STDOUT: RawFd = 1;
 
@@ -111,7 +109,7 @@ fn send(frame: &WorkerFrame) -> Result<(), Fatal> {
 }
 
 /// The worker's loop: until end of file (where it exits), read a frame, serve it, reply.
-fn serve(memory_cap: u64) -> Result<(), Fatal> {
+fn serve(memory_cap: u64, shed_after: Duration) -> Result<(), Fatal> {
     let mut reader = FrameReader::new(STDIN);
     let mut worker = Worker::new(usize::try_from(memory_cap).unwrap_or(usize::MAX));
     send(&WorkerFrame::Ready(Ready {
@@ -200,7 +198,7 @@ fn serve(memory_cap: u64) -> Result<(), Fatal> {
                     // (A frame that came meanwhile is read at once, kept off.)
                     codemode_spin::come_back();
                 }
-                if !came && worker.can_shed() && !readable_within(STDIN, SHED_AFTER) {
+                if !came && worker.can_shed() && !readable_within(STDIN, shed_after) {
                     worker.shed();
                 }
                 match reader.read_blocking()? {
@@ -283,9 +281,10 @@ fn run() -> Result<(), Fatal> {
     }
     let memory_cap = arg(&args, 1, 4 << 30)?;
     let cpu_seconds = arg(&args, 2, 3600)?;
+    let shed_after = Duration::from_millis(arg(&args, 3, 60_000)?);
     limit(libc::RLIMIT_DATA, memory_cap)?;
     limit(libc::RLIMIT_CPU, cpu_seconds)?;
-    serve(memory_cap)
+    serve(memory_cap, shed_after)
 }
 
 fn main() -> ExitCode {

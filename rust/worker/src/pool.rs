@@ -6,7 +6,7 @@
 //!   run ends ──> retire ──> finished ──idle──> reset (copy the image back) ──> ready
 //!                                    └──a run starts first, none ready: reuse_finished (reset) ──> ready
 //!                                    └──idle──> discard (configuration changed, no room ready)
-//!   ready ──quiet for SHED_AFTER (main.rs)──> shed: all but MIN_READY discarded
+//!   ready ──no frame for a while (main.rs)──> shed: all but MIN_READY discarded
 //! ```
 //!
 //! A heap (`codemode_engine::arena::Heap`) holds one engine in its own fixed-address arena;
