@@ -168,7 +168,8 @@ fn serve(memory_cap: u64, shed_after: Duration) -> Result<(), Fatal> {
                         unsafe { libc::sched_yield() };
                     }
                     // SAFETY: the last reply was sent and dropped at the end of the previous
-                    // turn of this loop, and frames are decoded outside any arena.
+                    // turn of this loop, and frames are decoded outside any arena. (One turn of
+                    // idle work: the rest below, while no frame comes.)
                     unsafe { worker.idle() };
                     several = codemode_spin::several_cpus();
                 }
@@ -190,16 +191,18 @@ fn serve(memory_cap: u64, shed_after: Duration) -> Result<(), Fatal> {
                     codemode_spin::come_back();
                 }
                 if !came && worker.has_idle_work() && !readable_within(STDIN, grace) {
-                    // SAFETY: as above.
-                    unsafe { worker.idle() };
+                    // SAFETY: as above. (A turn at a time, while no frame has come.)
+                    while unsafe { worker.idle() } && !readable_within(STDIN, Duration::ZERO) {}
                     several = codemode_spin::several_cpus();
                 }
                 if !came && codemode_spin::kept_off() && !readable_within(STDIN, STAY_AWAY) {
                     // (A frame that came meanwhile is read at once, kept off.)
                     codemode_spin::come_back();
                 }
-                if !came && worker.can_shed() && !readable_within(STDIN, shed_after) {
+                let mut quiet = shed_after;
+                while !came && worker.can_shed() && !readable_within(STDIN, quiet) {
                     worker.shed();
+                    quiet = Duration::ZERO; // (a turn at a time, while no frame has come)
                 }
                 match reader.read_blocking()? {
                     Some(len) => (len, came),

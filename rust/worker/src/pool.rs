@@ -33,6 +33,10 @@ const MIN_READY: usize = 4;
 /// for all such (workers.py, `WORKER_MEMORY_SLACK`). A heap holds ~0.5-1.5 MB.
 const READY_BYTES: usize = 256 << 20;
 const READY_SHARE_OF_CAP: usize = 8;
+/// Heaps reset or discarded in one turn of idle work (`idle`, `shed`) at most: a frame that
+/// comes meanwhile waits for one turn (a reset ~35 µs, a discard ~0.2 ms), not for all of a
+/// burst's (128 discarded ~30 ms).
+const IDLE_STEP: usize = 16;
 
 /// A run's engine: in its own arena, or (the fallback) on the system heap.
 pub enum Sandbox {
@@ -155,11 +159,15 @@ impl HeapPool {
         self.untrimmed || self.ready.len() > MIN_READY
     }
 
-    /// The worker has been quiet a while: its ready heaps past `MIN_READY` are discarded, and
-    /// the system allocator gives the pages it holds free back (the heaps' images, engines on
-    /// the system heap: after a burst of a thousand runs, ~150 MB a worker kept for good).
+    /// The worker has been quiet a while: its ready heaps past `MIN_READY` are discarded
+    /// (`IDLE_STEP` a turn), then the system allocator gives the pages it holds free back (the
+    /// heaps' images, engines on the system heap: after a burst of a thousand runs, ~150 MB a
+    /// worker kept for good).
     pub fn shed(&mut self) {
-        while self.ready.len() > MIN_READY {
+        for _ in 0..IDLE_STEP {
+            if self.ready.len() <= MIN_READY {
+                break;
+            }
             let Some(heap) = self.ready.pop() else { break };
             self.ready_bytes -= held(&heap);
             // SAFETY: a ready heap is pristine (reset, and used by no run since): nothing
@@ -167,9 +175,11 @@ impl HeapPool {
             unsafe { heap.discard() };
             self.live -= 1;
         }
-        // SAFETY: no arguments that point anywhere; glibc's allocator is the system one here.
-        unsafe { libc::malloc_trim(0) };
-        self.untrimmed = false;
+        if self.ready.len() <= MIN_READY {
+            // SAFETY: no arguments that point anywhere; glibc's allocator is the system one here.
+            unsafe { libc::malloc_trim(0) };
+            self.untrimmed = false;
+        }
     }
 
     /// Resets the finished heaps of this configuration into the ready set when none is ready:
@@ -196,17 +206,18 @@ impl HeapPool {
         !self.finished.is_empty() || !self.retired.is_empty() || (configured && self.ready.is_empty())
     }
 
-    /// Work done between frames: free plain engines, reset finished heaps into the ready set
-    /// while it has room (`room_for`; else discard them), and build one ready heap when none
-    /// is left.
+    /// A turn of work between frames: free plain engines, reset finished heaps into the ready
+    /// set while it has room (`room_for`; else discard them), `IDLE_STEP` at most, and build
+    /// one ready heap when none is left. Whether finished heaps are left for another turn.
     ///
     /// # Safety
     /// No value allocated in a finished heap's arena is alive outside it: the reports of the
     /// runs that ended were sent and dropped.
-    pub unsafe fn idle(&mut self, build: Option<&dyn Fn() -> Result<Engine, String>>) {
+    pub unsafe fn idle(&mut self, build: Option<&dyn Fn() -> Result<Engine, String>>) -> bool {
         self.untrimmed |= !self.retired.is_empty();
         self.retired.clear();
-        for (mut heap, generation) in std::mem::take(&mut self.finished) {
+        for _ in 0..IDLE_STEP {
+            let Some((mut heap, generation)) = self.finished.pop() else { break };
             if generation == self.generation {
                 // SAFETY: the caller's contract.
                 unsafe { heap.reset() };
@@ -225,6 +236,7 @@ impl HeapPool {
                 self.make_ready(heap);
             }
         }
+        !self.finished.is_empty()
     }
 }
 
@@ -352,6 +364,26 @@ mod tests {
         assert!(!pool.can_shed(), "nothing more to give back");
         let mut sandbox = pool.take(&build).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(start(&mut sandbox, "return typeof leak"), "\"undefined\"");
+    }
+
+    #[test]
+    fn idle_work_and_shedding_go_a_few_heaps_a_turn() {
+        let mut pool = HeapPool::new(4 << 30);
+        burst(&mut pool, 2 * IDLE_STEP + 3);
+        let mut turns = 0;
+        // SAFETY: `start` copied each value outside the arena.
+        while unsafe { pool.idle(None) } {
+            turns += 1;
+            assert_eq!(pool.ready.len(), turns * IDLE_STEP);
+        }
+        assert_eq!((turns, pool.ready.len(), pool.finished.len()), (2, 2 * IDLE_STEP + 3, 0));
+        let mut sheds = 0;
+        while pool.can_shed() {
+            pool.shed();
+            sheds += 1;
+        }
+        assert_eq!((sheds, pool.ready.len(), pool.live), (2, MIN_READY, MIN_READY));
+        assert!(!pool.untrimmed);
     }
 
     #[test]

@@ -307,17 +307,17 @@ impl Worker {
         self.pool.shed();
     }
 
-    /// Work done between frames: reset or free the engines of ended runs, have the next one
-    /// ready.
+    /// A turn of work between frames: reset or free the engines of ended runs, have the next
+    /// one ready. Whether engines are left for another turn.
     ///
     /// # Safety
     /// No report (or other value) that an ended run's engine made is alive: every reply was
     /// sent and dropped (the arenas of ended runs are reset here).
-    pub unsafe fn idle(&mut self) {
+    pub unsafe fn idle(&mut self) -> bool {
         let (config, catalog) = (&self.config, &self.catalog);
         let build = || Worker::build(config, catalog);
         // SAFETY: the caller's contract is the pool's.
-        unsafe { self.pool.idle(config.is_some().then_some(&build as &dyn Fn() -> Result<Engine, String>)) };
+        unsafe { self.pool.idle(config.is_some().then_some(&build as &dyn Fn() -> Result<Engine, String>)) }
     }
 }
 
