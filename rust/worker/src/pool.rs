@@ -15,9 +15,10 @@
 //! engine build and drop (~0.4 ms). After a burst of runs parked at once (a host's many
 //! conversations, each awaiting its tools), their heaps are kept ready, reset, within a memory
 //! budget: the next burst costs a copy a run, not a build (256 cells awaiting two tools, 2
-//! workers: ~0.3 s of worker CPU a batch -> ~0.1 s). Parked and suspended runs keep their heaps; a finished
-//! run's heap is reset only in idle work, never while a report of it may still be alive (the
-//! arena's contract). Any end — completed, failed, out of memory, interrupted, a stack overflow
+//! workers: ~0.3 s of worker CPU a batch -> ~0.1 s), and a worker quiet for a while gives them
+//! back. Parked and suspended runs keep their heaps; a finished run's heap is reset only in idle
+//! work (a few heaps a turn), never while a report of it may still be alive (the arena's
+//! contract). Any end — completed, failed, out of memory, interrupted, a stack overflow
 //! — is followed by a reset before reuse: a heap is never handed out dirty. When arenas are
 //! unavailable (the region could not be reserved) or all in use, runs get a plain engine, built
 //! the old way.
