@@ -59,8 +59,7 @@ pub struct HeapPool {
     /// Bumped when the configuration changes: heaps built before are not reused.
     generation: u64,
     ready: Vec<Heap<Engine>>,
-    /// What the ready heaps hold (`held`), and may hold (`READY_BYTES`).
-    ready_bytes: usize,
+    /// What the ready heaps may hold together (`READY_BYTES`).
     ready_budget: usize,
     /// Heaps of ended runs (and of an old configuration), reset or discarded in idle work.
     finished: Vec<(Heap<Engine>, u64)>,
@@ -87,7 +86,6 @@ impl HeapPool {
         HeapPool {
             generation: 0,
             ready: Vec::new(),
-            ready_bytes: 0,
             ready_budget,
             finished: Vec::new(),
             retired: Vec::new(),
@@ -101,7 +99,6 @@ impl HeapPool {
     /// A pristine engine for a new run: a ready heap, a new one, or a plain engine.
     pub fn take(&mut self, build: &dyn Fn() -> Result<Engine, String>) -> Result<Sandbox, String> {
         if let Some(heap) = self.ready.pop() {
-            self.ready_bytes -= held(&heap);
             return Ok(Sandbox::Heap { heap, generation: self.generation });
         }
         if let Some(heap) = self.new_heap(build) {
@@ -139,19 +136,17 @@ impl HeapPool {
     pub fn configure(&mut self) {
         let stale = self.generation;
         self.generation += 1;
-        self.ready_bytes = 0;
         self.finished.extend(self.ready.drain(..).map(|heap| (heap, stale)));
     }
 
-    /// Makes `heap` (reset) ready.
-    fn make_ready(&mut self, heap: Heap<Engine>) {
-        self.ready_bytes += held(&heap);
-        self.ready.push(heap);
+    /// What the ready heaps hold together (`held`: a few hundred at most, summed when asked).
+    fn ready_bytes(&self) -> usize {
+        self.ready.iter().map(held).sum()
     }
 
     /// Whether a reset `heap` has room among the ready ones.
     fn room_for(&self, heap: &Heap<Engine>) -> bool {
-        self.ready.len() < MIN_READY || self.ready_bytes + held(heap) <= self.ready_budget
+        self.ready.len() < MIN_READY || self.ready_bytes() + held(heap) <= self.ready_budget
     }
 
     /// Whether a quiet worker has memory to give back (`shed`): more heaps than `MIN_READY`
@@ -170,7 +165,6 @@ impl HeapPool {
                 break;
             }
             let Some(heap) = self.ready.pop() else { break };
-            self.ready_bytes -= held(&heap);
             // SAFETY: a ready heap is pristine (reset, and used by no run since): nothing
             // allocated in its arena is alive outside it.
             unsafe { heap.discard() };
@@ -199,7 +193,7 @@ impl HeapPool {
             let (mut heap, _) = self.finished.swap_remove(at);
             // SAFETY: the caller's contract.
             unsafe { heap.reset() };
-            self.make_ready(heap);
+            self.ready.push(heap);
         }
     }
 
@@ -223,7 +217,7 @@ impl HeapPool {
                 // SAFETY: the caller's contract.
                 unsafe { heap.reset() };
                 if self.room_for(&heap) {
-                    self.make_ready(heap);
+                    self.ready.push(heap);
                     continue;
                 }
             }
@@ -234,7 +228,7 @@ impl HeapPool {
         }
         if let (Some(build), true) = (build, self.ready.is_empty()) {
             if let Some(heap) = self.new_heap(build) {
-                self.make_ready(heap);
+                self.ready.push(heap);
             }
         }
         !self.finished.is_empty()
@@ -318,7 +312,6 @@ mod tests {
         // SAFETY: `start` copied each value outside the arena.
         unsafe { pool.idle(Some(&build)) };
         assert_eq!((pool.ready.len(), pool.live), (3 * MIN_READY, 3 * MIN_READY));
-        assert_eq!(pool.ready_bytes, pool.ready.iter().map(held).sum::<usize>());
         let mut again = Vec::new();
         for _ in 0..3 * MIN_READY {
             let mut sandbox = pool.take(&build).unwrap_or_else(|e| panic!("{e}"));
@@ -326,7 +319,7 @@ mod tests {
             again.push(sandbox);
         }
         assert_eq!(pool.live, 3 * MIN_READY, "each run got a reset heap, none was built");
-        assert_eq!((pool.ready.len(), pool.ready_bytes), (0, 0));
+        assert_eq!(pool.ready.len(), 0);
     }
 
     #[test]
@@ -341,13 +334,13 @@ mod tests {
         burst(&mut roomy, 1);
         // SAFETY: as above.
         unsafe { roomy.idle(None) };
-        let one = roomy.ready_bytes;
+        let one = roomy.ready_bytes();
         let mut pool = HeapPool::with_limits(SLOTS, (MIN_READY + 2) * one + one / 2);
         burst(&mut pool, MIN_READY + 5);
         // SAFETY: as above.
         unsafe { pool.idle(None) };
         assert!((MIN_READY + 1..=MIN_READY + 3).contains(&pool.ready.len()), "{} ready", pool.ready.len());
-        assert!(pool.ready_bytes <= (MIN_READY + 2) * one + one / 2);
+        assert!(pool.ready_bytes() <= (MIN_READY + 2) * one + one / 2);
         assert_eq!(pool.live, pool.ready.len(), "the rest were discarded");
     }
 
@@ -361,7 +354,6 @@ mod tests {
         assert!(pool.can_shed());
         pool.shed();
         assert_eq!((pool.ready.len(), pool.live), (MIN_READY, MIN_READY));
-        assert_eq!(pool.ready_bytes, pool.ready.iter().map(held).sum::<usize>());
         assert!(!pool.can_shed(), "nothing more to give back");
         let mut sandbox = pool.take(&build).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(start(&mut sandbox, "return typeof leak"), "\"undefined\"");
